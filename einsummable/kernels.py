@@ -1,0 +1,125 @@
+"""Fused kernels: ops whose body is one library call rather than a join expression.
+
+A kernel runs on the blocks of one tuple. It also gets the global index range of every mode of
+that tuple, because some kernels depend on where the block sits (a causal mask compares global
+query and key positions). Each kernel states which modes it lets a decomposition split; the
+others stay whole inside every tuple.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from .ir import Op
+
+Ranges = dict[str, tuple[int, int]]
+
+# Scalar operations per score element of attention besides the two matmuls:
+# scale, mask, max, subtract, exp, sum, divide.
+SOFTMAX_OPS_PER_SCORE = 7
+# Per element of a normalisation: square, sum, scale, (sub, mean for layer norm) and the affine.
+NORM_OPS_PER_ELEMENT = 4
+LAYER_NORM_EXTRA_OPS = 3
+SOFTMAX_OPS_PER_ELEMENT = 5
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    run: Callable[["Op", Sequence[torch.Tensor], Ranges], torch.Tensor]
+    flops: Callable[["Op"], int]
+    doc: str
+
+
+def _sdpa(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    """q bhqe, k bhke, v bhkf [, additive mask over a subset of b h q k] -> bhqf."""
+    q, k, v = xs[0], xs[1], xs[2]
+    scale = op.param.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.einsum("bhqe,bhke->bhqk", q, k) * scale
+    qm, km = op.in_dims[0][2][0], op.in_dims[1][2][0]
+    if op.param.get("causal", False):
+        q0, q1 = ranges[qm]
+        k0, k1 = ranges[km]
+        qi = torch.arange(q0, q1, device=q.device)[:, None]
+        ki = torch.arange(k0, k1, device=q.device)[None, :]
+        scores = scores.masked_fill(ki > qi, float("-inf"))
+    if len(xs) > 3:
+        scores = scores + _align(xs[3], op.in_dims[3], op.in_dims[0][:3] + (op.in_dims[1][2],))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    # A fully masked row (possible only for blocks of keys) yields NaN; it contributes nothing.
+    probs = torch.nan_to_num(probs, nan=0.0)
+    return torch.einsum("bhqk,bhkf->bhqf", probs, v)
+
+
+def _align(t: torch.Tensor, dims, target) -> torch.Tensor:
+    """View `t` (dims over a subset of `target`'s modes, same order) as broadcastable to target."""
+    have = [g[0] for g in dims]
+    shape = []
+    it = iter(t.shape)
+    for g in target:
+        shape.append(next(it) if g[0] in have else 1)
+    return t.reshape(shape)
+
+
+def _sdpa_flops(op: "Op") -> int:
+    b, h, q, e = (op.size[g[0]] for g in op.in_dims[0])
+    kk = op.size[op.in_dims[1][2][0]]
+    f = op.size[op.in_dims[2][3][0]]
+    matmuls = 2 * b * h * q * kk * (e + f)
+    softmax = SOFTMAX_OPS_PER_SCORE * b * h * q * kk
+    causal_fraction = 0.5 if op.param.get("causal", False) else 1.0
+    return int((matmuls + softmax) * causal_fraction)
+
+
+def _axis(op: "Op") -> int:
+    return op.out_modes.index(op.param["axis"])
+
+
+def _softmax(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    return torch.softmax(xs[0], dim=_axis(op))
+
+
+def _log_softmax(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    return torch.log_softmax(xs[0], dim=_axis(op))
+
+
+def _rms_norm(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    x, w = xs[0], xs[1]
+    var = x.float().pow(2).mean(dim=-1, keepdim=True)
+    return (x.float() * torch.rsqrt(var + op.param["eps"])).to(x.dtype) * w
+
+
+def _layer_norm(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    x = xs[0]
+    w = xs[1] if len(xs) > 1 else None
+    b = xs[2] if len(xs) > 2 else None
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, op.param["eps"])
+
+
+def _elementwise_flops(per_element: int) -> Callable[["Op"], int]:
+    return lambda op: per_element * math.prod(op.size.values())
+
+
+KERNELS: dict[str, Kernel] = {
+    k.name: k for k in (
+        Kernel("sdpa", _sdpa, _sdpa_flops,
+               "scaled dot-product attention; splits batch, heads and queries"),
+        Kernel("softmax", _softmax, _elementwise_flops(SOFTMAX_OPS_PER_ELEMENT),
+               "softmax over param 'axis'; splits every other mode"),
+        Kernel("log_softmax", _log_softmax, _elementwise_flops(SOFTMAX_OPS_PER_ELEMENT + 1),
+               "log-softmax over param 'axis'"),
+        Kernel("rms_norm", _rms_norm, _elementwise_flops(NORM_OPS_PER_ELEMENT),
+               "x * rsqrt(mean(x^2) + eps) * w over the last mode; splits the others"),
+        Kernel("layer_norm", _layer_norm,
+               _elementwise_flops(NORM_OPS_PER_ELEMENT + LAYER_NORM_EXTRA_OPS),
+               "layer norm over the last mode with optional weight and bias"),
+    )
+}
+
+
+def run_kernel(op: "Op", blocks: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    return KERNELS[op.fused].run(op, blocks, ranges)

@@ -1,0 +1,150 @@
+"""Single-device evaluation of a Graph: the oracle that every plan, exchange and backend is
+checked against. `evaluate_op` runs one op on blocks and is also the kernel every executor calls
+per tuple, so a plan and the reference share one definition of each op's arithmetic.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import torch
+
+from .errors import EinsummableError, ShapeError
+from .ir import Constant, Dims, Graph, Op, TensorInfo, flat_modes
+from .kernels import run_kernel
+from .scalar import combine, evaluate as eval_expr, reduce
+from .spec import Decomposition, Range, Region, region_shape, tuples
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int64": torch.int64,
+}
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _fine(t: torch.Tensor, dims: Dims, ext: dict[str, int]) -> torch.Tensor:
+    """View a block whose dims group modes as one axis per mode (block-local extents)."""
+    return t.reshape([ext[m] for g in dims for m in g])
+
+
+def evaluate_op(op: Op, blocks: Sequence[torch.Tensor],
+                ranges: Mapping[str, Range] | None = None) -> torch.Tensor:
+    """Run `op` on input blocks. `ranges` gives each mode's global range (default: whole)."""
+    rng = dict(ranges) if ranges is not None else {m: (0, op.size[m]) for m in op.modes}
+    ext = {m: hi - lo for m, (lo, hi) in rng.items()}
+    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+    if op.fused is not None:
+        return run_kernel(op, blocks, rng).reshape(out_shape)
+    fine = [_fine(b, d, ext) for b, d in zip(blocks, op.in_dims)]
+    letters = {m: _LETTERS[i] for i, m in enumerate(op.modes)}
+    present = [m for m in op.out_modes if any(m in flat_modes(d) for d in op.in_dims)]
+    product = op.join.scaled_product()
+    if product is not None and op.agg in ("sum", None) and product[0] \
+            and sorted(set(product[0])) == list(range(len(blocks))):
+        # A scaled product of inputs folded by sum is an einsum: no broadcast intermediate.
+        factors, scale = product
+        subs = ",".join("".join(letters[m] for m in flat_modes(op.in_dims[i])) for i in factors)
+        result = torch.einsum(subs + "->" + "".join(letters[m] for m in present),
+                              *(fine[i] for i in factors))
+        if scale != 1.0:
+            result = result * scale
+        return result.reshape(out_shape)
+    # General path: broadcast every operand over all modes, join, fold the aggregated modes.
+    order = [m for m in op.modes]
+    aligned = []
+    for t, d in zip(fine, op.in_dims):
+        have = flat_modes(d)
+        perm = sorted(range(len(have)), key=lambda i: order.index(have[i]))
+        t = t.permute(perm)
+        view = [ext[m] if m in have else 1 for m in order]
+        aligned.append(t.reshape(view))
+    joined = eval_expr(op.join, aligned)
+    agg_axes = tuple(i for i, m in enumerate(order) if m not in op.out_modes)
+    if op.agg is None:
+        result = joined.reshape([joined.shape[i] for i in range(len(order)) if i not in agg_axes])
+    else:
+        result = reduce(op.agg, joined, agg_axes)
+    # Modes absent from every input were size-1 output dims: reshape restores them.
+    return result.reshape(out_shape)
+
+
+def materialize(const: Constant, info: TensorInfo, region: Region | None = None,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """Generate a constant (or one block of it) locally; no device ever receives one."""
+    dtype = TORCH_DTYPES[info.dtype]
+    reg = region if region is not None else tuple((0, s) for s in info.shape)
+    idx = [torch.arange(lo, hi, device=device) for lo, hi in reg]
+    if const.kind == "causal_mask":
+        q, k = idx[-2][:, None], idx[-1][None, :]
+        full = torch.zeros(q.shape[0], k.shape[1], dtype=dtype, device=device)
+        out = full.masked_fill(k > q, float("-inf"))
+        return out.reshape(region_shape(reg))
+    if const.kind in ("rope_cos", "rope_sin"):
+        pos, col = idx[0].double()[:, None], idx[1][None, :]
+        dim = info.shape[1]
+        freq = const.theta ** (-(2 * (col % (dim // 2))).double() / dim)
+        ang = pos * freq
+        out = torch.cos(ang) if const.kind == "rope_cos" else torch.sin(ang)
+        return out.to(dtype)
+    if const.kind == "rotate_half":
+        full = torch.tensor([[0.0, 1.0], [-1.0, 0.0]], dtype=dtype, device=device)
+        return full[tuple(slice(lo, hi) for lo, hi in reg)]
+    if const.kind == "literal":
+        full = torch.tensor(const.values, dtype=dtype, device=device).reshape(info.shape)
+        return full[tuple(slice(lo, hi) for lo, hi in reg)]
+    raise EinsummableError(f"unknown constant kind {const.kind!r} for {info.name!r}")
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, torch.Tensor]) -> None:
+    for t in graph.inputs:
+        if t.name not in inputs:
+            raise ShapeError(f"missing input {t.name!r} of shape {t.shape}",
+                             fix=f"pass every input: {', '.join(i.name for i in graph.inputs)}")
+        if tuple(inputs[t.name].shape) != t.shape:
+            raise ShapeError(f"input {t.name!r} has shape {tuple(inputs[t.name].shape)}, the graph "
+                             f"expects {t.shape}", source=t.source,
+                             fix="trace or build the graph again for the new shapes")
+
+
+def evaluate(graph: Graph, inputs: Mapping[str, torch.Tensor], *,
+             keep_all: bool = False) -> dict[str, torch.Tensor]:
+    """Evaluate the whole graph; returns the outputs (every tensor with `keep_all`)."""
+    check_inputs(graph, inputs)
+    env: dict[str, torch.Tensor] = {}
+    for t in graph.tensors:
+        if t.kind in ("input", "weight"):
+            env[t.name] = inputs[t.name].to(TORCH_DTYPES[t.dtype])
+        elif t.kind == "constant":
+            env[t.name] = materialize(graph.constant[t.name], t)
+    for op in graph.ops:
+        env[op.output] = evaluate_op(op, [env[n] for n in op.inputs]).to(
+            TORCH_DTYPES[graph.tensor(op.output).dtype])
+    if keep_all:
+        return env
+    return {name: env[name] for name in graph.outputs}
+
+
+def block_of(t: torch.Tensor, reg: Region) -> torch.Tensor:
+    return t[tuple(slice(lo, hi) for lo, hi in reg)]
+
+
+def evaluate_by_tuples(op: Op, dec: Decomposition, blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Evaluate `op` tuple by tuple under `dec` and aggregate the partials (tests use this to
+    check a decomposition against `evaluate_op` on whole inputs)."""
+    out_shape = [math.prod(op.size[m] for m in g) for g in op.out_dims]
+    result = torch.empty(out_shape, dtype=blocks[0].dtype if blocks else torch.float32)
+    acc: dict[tuple[int, ...], torch.Tensor] = {}
+    regions: dict[tuple[int, ...], Region] = {}
+    for t in tuples(op, dec):
+        part = evaluate_op(op, [block_of(b, r) for b, r in zip(blocks, t.in_regions)],
+                           t.range_of(op))
+        key = t.out_block
+        regions[key] = t.out_region
+        if key in acc:
+            acc[key] = combine(op.agg, acc[key], part) if op.agg else part
+        else:
+            acc[key] = part
+    for key, val in acc.items():
+        result[tuple(slice(lo, hi) for lo, hi in regions[key])] = val
+    return result
