@@ -176,8 +176,13 @@ class Builder:
 
     # ----------------------------------------------------------------- primitives
 
-    def einsum(self, spec: str, *xs: T, name: str | None = None) -> T:
-        """Product of the inputs, summed over modes absent from the output."""
+    def einsum(self, spec: str, *xs: T, sizes: dict[str, int] | None = None,
+               name: str | None = None) -> T:
+        """Product of the inputs, summed over modes absent from the output.
+
+        A grouped operand such as ``(he)d`` reads a merged dim as several modes; `sizes` gives
+        all but one mode of each group.
+        """
         src = _caller()
         try:
             ins, _ = parse_einsum(spec)
@@ -189,7 +194,8 @@ class Builder:
         join = arg(0)
         for i in range(1, len(xs)):
             join = join * arg(i)
-        return self._emit("einsum", spec, xs, src, join=join, agg="sum", strict=True, name=name)
+        return self._emit("einsum", spec, xs, src, join=join, agg="sum", strict=True, name=name,
+                          out_sizes=sizes)
 
     def joinagg(self, spec: str, join: Expr, agg: str | None, *xs: T,
                 name: str | None = None) -> T:

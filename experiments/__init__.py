@@ -1,0 +1,1 @@
+"""Experiment harness: configs, baselines, and the demo."""
