@@ -1,0 +1,398 @@
+"""Exchange synthesis: the exact point-to-point transfers that turn a producer's layout into the
+blocks a consumer reads.
+
+Math first. A tensor T is held as *pieces* p = (R_p, d_p, s_p): box R_p ⊂ T on device d_p, and
+when the producer split an aggregated mode, slice s_p of S partial results, so that
+T[R] = AGG_s T_s[R]. A consumer *need* is (Q, d): box Q on device d. Boxes are products of
+half-open intervals, so for boxes A, B:
+
+    A ∩ B = Π_k [max(a_k, b_k), min(a'_k, b'_k))          (empty if any factor is)
+    A \\ B = at most 2·rank disjoint boxes (peel B off A one dimension at a time)
+
+*Copy* (S = 1). Deliver Q to d by covering it: keep the uncovered boxes U = {Q}; walk sources
+in order of cost to d; for each source box P emit one send of U_i ∩ P per uncovered box it
+meets and replace U_i by U_i \\ P. A need already inside a local piece costs nothing. In the
+optimized mode a delivered region becomes a source itself (ready after its round), so a block
+read by several devices behind a slow link crosses it once and is relayed on the fast side; the
+tie-break "earlier ready first" stops relays from forming long chains where links are equal.
+
+*Partial* (S > 1). For every output block B and every distinct needed box X = Q ∩ B, one
+reader r of X (the one holding most slices locally) becomes its reducer. One holder per slice
+is chosen (r itself, else the nearest), and the holders are folded level by level of the
+topology's hierarchy, slow to fast: holders in other groups of the coarsest level first fold
+inside their group to the member nearest r, and only that one value crosses the slow level
+(partial sums inside a node first). At the finest level the values travel straight to r and r
+folds them in one reduce. The folded X at r is then a full source for the copy step above, so
+other readers of X receive it instead of re-reducing.
+
+*Routes and rounds.* A transfer follows topology.route (which relays around missing or slow
+links, e.g. the DGX-1 cube mesh); its hops list every device on the way. Transfers are placed
+greedily, in dependency order, into the earliest round after their source is ready in which no
+link resource on their route is taken by a different route, so no link is oversubscribed;
+several pieces on the same route in one round share it as one message batch.
+
+*Time* (`exchange_time`): rounds run one after another. In a round a resource carrying L bytes
+at bandwidth b is busy L / b; a transfer takes the latencies of its hops plus the longest busy
+time on its route; the round lasts as long as its slowest transfer plus its longest per-device
+reduce time (inputs read and output written at the device's memory bandwidth).
+
+*Naive mode* (the baseline): the first holder ("owner") of each needed region sends it straight
+to every reader over the direct link where one exists, and every reader folds all partial
+slices itself; no relays, no trees.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .errors import PlanError
+from .ir import DTYPE_BYTES, TensorInfo
+from .placement import Piece
+from .spec import Region, intersect
+
+MODES = ("optimized", "naive")
+# Source order uses the time of a message of this size: large enough that bandwidth dominates.
+RANK_REFERENCE_BYTES: float = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """`region` of `tensor` moves from src to dst along `hops` (src ... dst) in `round`.
+
+    `slices` is () for a full value, else the partial slices the sent value folds together
+    (kind "partial", on its way to a reducer)."""
+
+    src: int
+    dst: int
+    tensor: str
+    region: Region
+    nbytes: int
+    kind: str
+    round: int
+    hops: tuple[int, ...]
+    slices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """On `device`, after the transfers of `round`, fold `n_inputs` values of `region` (each
+    holding the slices in `inputs[i]`) into one holding `out` (() = the full value)."""
+
+    device: int
+    tensor: str
+    region: Region
+    n_inputs: int
+    round: int
+    inputs: tuple[tuple[int, ...], ...]
+    out: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Exchange:
+    transfers: tuple[Transfer, ...]
+    reduces: tuple[Reduce, ...] = ()
+
+    @property
+    def n_rounds(self) -> int:
+        rounds = [t.round for t in self.transfers] + [r.round for r in self.reduces]
+        return (max(rounds) + 1) if rounds else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+    def __bool__(self) -> bool:
+        return bool(self.transfers or self.reduces)
+
+
+EMPTY = Exchange(())
+
+
+# --------------------------------------------------------------------------- box arithmetic
+
+def contains(outer: Region, inner: Region) -> bool:
+    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
+
+
+def subtract(a: Region, b: Region) -> list[Region]:
+    """a \\ b as disjoint boxes (b need not lie inside a)."""
+    cut = intersect(a, b)
+    if cut is None:
+        return [a]
+    out: list[Region] = []
+    rest = list(a)
+    for k, ((lo, hi), (clo, chi)) in enumerate(zip(a, cut)):
+        if lo < clo:
+            out.append(tuple(rest[:k]) + ((lo, clo),) + tuple(rest[k + 1:]))
+        if chi < hi:
+            out.append(tuple(rest[:k]) + ((chi, hi),) + tuple(rest[k + 1:]))
+        rest[k] = (clo, chi)
+    return out
+
+
+def volume(reg: Region) -> int:
+    return math.prod(hi - lo for lo, hi in reg)
+
+
+# --------------------------------------------------------------------------- synthesis
+
+class _Builder:
+    """Accumulates transfers and reduces and places each into its round as it is emitted."""
+
+    def __init__(self, info: TensorInfo, topology, mode: str) -> None:
+        self.info = info
+        self.topo = topology
+        self.mode = mode
+        self.elem = DTYPE_BYTES[info.dtype]
+        self.transfers: list[Transfer] = []
+        self.reduces: list[Reduce] = []
+        self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._dist: dict[tuple[int, int], float] = {}
+        self._hops: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+
+    def dist(self, a: int, b: int) -> float:
+        """Seconds for a reference message from a to b: the order in which sources are tried."""
+        if a == b:
+            return 0.0
+        key = (a, b)
+        v = self._dist.get(key)
+        if v is None:
+            hops, _ = self.route(a, b)
+            v = sum(self._link(x, y).time(RANK_REFERENCE_BYTES) for x, y in zip(hops, hops[1:]))
+            self._dist[key] = v
+        return v
+
+    def _link(self, a: int, b: int):
+        link = self.topo.link(a, b)
+        if link is None:
+            raise PlanError(f"no link {a}->{b} in topology '{self.topo.name}' for tensor "
+                            f"{self.info.name!r}", fix="check the topology's link rules")
+        return link
+
+    def route(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        key = (a, b)
+        r = self._hops.get(key)
+        if r is None:
+            if self.mode == "naive" and self.topo.has_direct(a, b):
+                hops = (a, b)
+            else:
+                hops = tuple(self.topo.hops(a, b))
+            res = tuple(self._link(x, y).resource for x, y in zip(hops, hops[1:]))
+            r = (hops, res)
+            self._hops[key] = r
+        return r
+
+    def send(self, src: int, dst: int, reg: Region, ready: int,
+             slices: tuple[int, ...] = ()) -> int:
+        """Emit a transfer whose source is ready after round `ready`; returns its round."""
+        hops, res = self.route(src, dst)
+        rnd = ready + 1
+        while any(self._busy.get((r, rnd), hops) != hops for r in res):
+            rnd += 1
+        for r in res:
+            self._busy[(r, rnd)] = hops
+        self.transfers.append(Transfer(src, dst, self.info.name, reg, volume(reg) * self.elem,
+                                       "partial" if slices else "copy", rnd, hops, slices))
+        return rnd
+
+    def reduce(self, dev: int, reg: Region, inputs: Sequence[tuple[tuple[int, ...], int]],
+               out: tuple[int, ...]) -> int:
+        rnd = max(r for _, r in inputs)
+        self.reduces.append(Reduce(dev, self.info.name, reg, len(inputs), rnd,
+                                   tuple(s for s, _ in inputs), out, volume(reg) * self.elem))
+        return rnd
+
+    def build(self) -> Exchange:
+        return Exchange(tuple(self.transfers), tuple(self.reduces))
+
+
+def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
+               agg: str | None, topology, mode: str = "optimized") -> Exchange:
+    """Transfers (and partial-sum folds) that deliver every needed (region, device) of `info`
+    from the `produced` pieces. See the module docstring for the algorithm."""
+    if mode not in MODES:
+        raise PlanError(f"unknown exchange mode {mode!r} for tensor {info.name!r}",
+                        fix=f"use one of {', '.join(MODES)}")
+    n_slices = produced[0].n_slices if produced else 1
+    if n_slices > 1 and agg is None:
+        raise PlanError(f"tensor {info.name!r} is produced as {n_slices} partial results but "
+                        "has no aggregation to fold them", fix="give the producer's aggregation")
+    if n_slices == 1:
+        # Fast path: every need already inside a local piece (identical layouts included).
+        local: dict[int, list[Region]] = {}
+        for p in produced:
+            local.setdefault(p.device, []).append(p.region)
+        remote = [(q, d) for q, d in needs
+                  if not any(contains(r, q) for r in local.get(d, ()))]
+        if not remote:
+            return EMPTY
+        b = _Builder(info, topology, mode)
+        _copy(b, [(p.region, p.device, -1) for p in produced], remote)
+        return b.build()
+    b = _Builder(info, topology, mode)
+    full = _reduce_partials(b, produced, needs, n_slices)
+    remote = [(q, d) for q, d in needs
+              if not any(dev == d and contains(r, q) for r, dev, _ in full)]
+    _copy(b, full, remote)
+    return b.build()
+
+
+def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
+          needs: Iterable[tuple[Region, int]]) -> None:
+    """Cover each need from full sources (region, device, ready round), nearest first."""
+    naive = b.mode == "naive"
+    owned = list(sources)
+    for q, d in dict.fromkeys(needs):
+        pool = owned if naive else sources
+        if naive:  # the reader's own blocks, then owners in layout order
+            order = sorted(range(len(pool)), key=lambda i: (pool[i][1] != d, i))
+        else:
+            order = sorted(range(len(pool)),
+                           key=lambda i: (b.dist(pool[i][1], d), pool[i][2], pool[i][1], i))
+        todo = [q]
+        got: list[tuple[Region, int]] = []
+        for i in order:
+            reg, dev, ready = pool[i]
+            nxt: list[Region] = []
+            for u in todo:
+                cut = intersect(u, reg)
+                if cut is None:
+                    nxt.append(u)
+                    continue
+                if dev != d:
+                    got.append((cut, b.send(dev, d, cut, ready)))
+                nxt.extend(subtract(u, cut))
+            todo = nxt
+            if not todo:
+                break
+        if todo:
+            raise PlanError(f"tensor {b.info.name!r}: region {todo[0]} needed on device {d} is "
+                            "held by no device", fix="the producer layout must cover the tensor")
+        if not naive:
+            sources.extend((cut, d, rnd) for cut, rnd in got)
+
+
+def _reduce_partials(b: _Builder, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
+                     n_slices: int) -> list[tuple[Region, int, int]]:
+    """Fold the partial slices of every needed part of every block; returns the full sources."""
+    blocks: dict[Region, dict[int, list[int]]] = {}  # block -> slice -> holders
+    for p in produced:
+        blocks.setdefault(p.region, {}).setdefault(p.slice, []).append(p.device)
+    full: list[tuple[Region, int, int]] = []
+    for block, holders in blocks.items():
+        if len(holders) != n_slices:
+            raise PlanError(f"tensor {b.info.name!r}: block {block} has {len(holders)} of "
+                            f"{n_slices} partial results", fix="every slice needs a holder")
+        readers: dict[Region, list[int]] = {}
+        for q, d in needs:
+            x = intersect(q, block)
+            if x is not None:
+                readers.setdefault(x, [])
+                if d not in readers[x]:
+                    readers[x].append(d)
+        for x, devs in readers.items():
+            if b.mode == "naive":
+                for d in devs:
+                    full.append((x, d, _fold_direct(b, x, d, holders)))
+                continue
+            r = max(devs, key=lambda d: (sum(d in h for h in holders.values()), -d))
+            full.append((x, r, _fold_tree(b, x, r, holders)))
+    return full
+
+
+def _fold_direct(b: _Builder, x: Region, d: int, holders: dict[int, list[int]]) -> int:
+    inputs = []
+    for s in sorted(holders):
+        h = d if d in holders[s] else holders[s][0]
+        inputs.append(((s,), -1 if h == d else b.send(h, d, x, -1, (s,))))
+    return b.reduce(d, x, inputs, ())
+
+
+def _fold_tree(b: _Builder, x: Region, r: int, holders: dict[int, list[int]]) -> int:
+    chosen: dict[int, list[int]] = {}
+    for s in sorted(holders):
+        h = min(holders[s], key=lambda dev: (b.dist(dev, r), dev))
+        chosen.setdefault(h, []).append(s)
+    # A device with several slices folds them locally first.
+    items: list[tuple[int, tuple[int, ...], int]] = []
+    for dev, ss in chosen.items():
+        ready = -1
+        if len(ss) > 1 and dev != r:
+            ready = b.reduce(dev, x, [((s,), -1) for s in ss], tuple(ss))
+            items.append((dev, tuple(ss), ready))
+        else:
+            items.extend((dev, (s,), -1) for s in ss)
+    inputs = _gather(b, x, r, items, 0)
+    return b.reduce(r, x, inputs, ())
+
+
+def _gather(b: _Builder, x: Region, target: int, items: list[tuple[int, tuple[int, ...], int]],
+            level: int) -> list[tuple[tuple[int, ...], int]]:
+    """Values (slices, ready round) that arrive at `target`, folding inside groups of
+    topology level `level` (and finer) before crossing it."""
+    levels = b.topo.levels
+    if level >= len(levels) or len(items) <= 1 and (not items or items[0][0] == target):
+        out = []
+        for dev, ss, ready in items:
+            out.append((ss, ready if dev == target else b.send(dev, target, x, ready, ss)))
+        return out
+    groups: dict[int, list] = {}
+    for it in items:
+        groups.setdefault(b.topo.group_of(level, it[0]), []).append(it)
+    mine = b.topo.group_of(level, target)
+    out = _gather(b, x, target, groups.pop(mine, []), level + 1)
+    for g in sorted(groups):
+        members = groups[g]
+        leader = min((it[0] for it in members), key=lambda dev: (b.dist(dev, target), dev))
+        vals = _gather(b, x, leader, members, level + 1)
+        ss = tuple(sorted(s for v, _ in vals for s in v))
+        ready = vals[0][1] if len(vals) == 1 else b.reduce(leader, x, vals, ss)
+        out.append((ss, b.send(leader, target, x, ready, ss)))
+    return out
+
+
+# --------------------------------------------------------------------------- cost
+
+def link_bytes(ex: Exchange, topology) -> dict[tuple[int, int], int]:
+    """Bytes each directed link (src, dst) carries, relays counted on every hop."""
+    out: dict[tuple[int, int], int] = {}
+    for t in ex.transfers:
+        for a, c in zip(t.hops, t.hops[1:]):
+            out[(a, c)] = out.get((a, c), 0) + t.nbytes
+    return out
+
+
+def exchange_time(ex: Exchange, topology) -> float:
+    """Seconds under the round model of the module docstring (the simulator's link model)."""
+    if not ex:
+        return 0.0
+    by_round: dict[int, list[Transfer]] = {}
+    for t in ex.transfers:
+        by_round.setdefault(t.round, []).append(t)
+    reduce_s: dict[int, dict[int, float]] = {}
+    for r in ex.reduces:
+        dev = topology.devices[r.device]
+        if r.n_inputs < 2:  # a lone input is only relabelled as the folded value
+            continue
+        bytes_touched = (r.n_inputs + 1) * r.nbytes  # read every input, write the result
+        per_dev = reduce_s.setdefault(r.round, {})
+        per_dev[r.device] = per_dev.get(r.device, 0.0) + bytes_touched / dev.mem_bw
+    total = 0.0
+    for rnd in sorted(set(by_round) | set(reduce_s)):
+        load: dict[str, float] = {}
+        bw: dict[str, float] = {}
+        routes = []
+        for t in by_round.get(rnd, ()):
+            links = [topology.link(a, c) for a, c in zip(t.hops, t.hops[1:])]
+            routes.append(links)
+            for link in links:
+                load[link.resource] = load.get(link.resource, 0.0) + t.nbytes
+                bw[link.resource] = min(bw.get(link.resource, math.inf), link.bw)
+        wire = max((sum(l.latency_s for l in links)
+                    + max(load[l.resource] / bw[l.resource] for l in links)
+                    for links in routes if links), default=0.0)
+        fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
+        total += wire + fold
+    return total

@@ -1,0 +1,226 @@
+"""Exchange synthesis: random producer/consumer layouts are delivered exactly, partial sums are
+folded once, links are never shared by two routes in a round, and the optimized mode beats
+the naive one where the topology has slow or missing links."""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from einsummable.exchange import (Exchange, contains, exchange_time, link_bytes, subtract,
+                                  synthesize, volume)
+from einsummable.ir import make_op
+from einsummable.placement import input_needs, output_layout, place
+from einsummable.scalar import arg, call
+from einsummable.spec import decompositions, intersect
+from einsummable.topology import load_topology, synthetic
+
+
+def run_exchange(ex: Exchange, pieces, values: dict, agg: str | None):
+    """Interpret an exchange on real tensors: returns device -> list of (region, slices, value).
+    `values[(region, device, slice)]` is the tensor each produced piece holds."""
+    store: dict[int, list] = {}
+    for p in pieces:
+        s = () if p.n_slices == 1 else (p.slice,)
+        store.setdefault(p.device, []).append((p.region, s, values[(p.region, p.device, p.slice)]))
+
+    def find(dev, reg, slices):
+        for r, s, v in store.get(dev, ()):
+            if s == slices and contains(r, reg):
+                return v[tuple(slice(a - ra, b - ra) for (a, b), (ra, _) in zip(reg, r))]
+        raise AssertionError(f"device {dev} lacks {reg} slices {slices}")
+
+    events = [(t.round, 0, i) for i, t in enumerate(ex.transfers)]
+    events += [(r.round, 1, i) for i, r in enumerate(ex.reduces)]
+    for rnd, kind, i in sorted(events):
+        if kind == 0:
+            t = ex.transfers[i]
+            assert t.hops[0] == t.src and t.hops[-1] == t.dst
+            store.setdefault(t.dst, []).append((t.region, t.slices, find(t.src, t.region, t.slices)))
+        else:
+            r = ex.reduces[i]
+            vals = [find(r.device, r.region, s) for s in r.inputs]
+            acc = vals[0]
+            for v in vals[1:]:
+                acc = {"sum": torch.add, "max": torch.maximum}[agg](acc, v)
+            store[r.device].append((r.region, r.out, acc))
+    return store, find
+
+
+def assemble(find_store, dev, reg, full_shape):
+    store, _ = find_store
+    out = torch.full([b - a for a, b in reg], float("nan"))
+    for r, s, v in store.get(dev, ()):
+        if s != ():
+            continue
+        cut = intersect(r, reg)
+        if cut is None:
+            continue
+        src = v[tuple(slice(a - ra, b - ra) for (a, b), (ra, _) in zip(cut, r))]
+        out[tuple(slice(a - qa, b - qa) for (a, b), (qa, _) in zip(cut, reg))] = src
+    return out
+
+
+def producer_consumer(rng: random.Random):
+    i, j, k, l = (rng.randint(1, 9) for _ in range(4))
+    shapes = {"a": (i, j), "b": (j, k), "t": (i, k), "w": (k, l)}
+    agg = rng.choice(["sum", "max"])
+    prod = make_op("p", "ij,jk->ik", ["a", "b"], "t", shapes,
+                   join=call("mul", arg(0), arg(1)), agg=agg)
+    cons = make_op("c", "ik,kl->il", ["t", "w"], "u", shapes,
+                   join=call("mul", arg(0), arg(1)), agg="sum")
+    return prod, cons, agg
+
+
+def random_cand(op, n, rng):
+    decs = decompositions(op, n)
+    dec = rng.choice(decs)
+    devs = list(range(n))
+    rng.shuffle(devs)
+    if rng.random() < 0.3:  # explicit lists: a device may run several tuples
+        return place(op, dec.part, [rng.randrange(n) for _ in range(dec.n_tuples)])
+    return place(op, dec.part, devs)
+
+
+TOPOS = {1: synthetic(1), 2: synthetic(2), 3: synthetic(3), 4: load_topology("cpu4"),
+         6: synthetic(6, nodes=2), 8: load_topology("dgx1-v100")}
+
+
+@settings(max_examples=300)
+@given(seed=st.integers(0, 2 ** 31), n=st.sampled_from(sorted(TOPOS)),
+       mode=st.sampled_from(["optimized", "naive"]))
+def test_random_layouts_are_delivered_exactly(seed, n, mode):
+    rng = random.Random(seed)
+    prod, cons, agg = producer_consumer(rng)
+    topo = TOPOS[n]
+    pc, cc = random_cand(prod, n, rng), random_cand(cons, n, rng)
+    pieces = output_layout(prod, pc)
+    needs = input_needs(cons, cc, 0)
+    shape = prod.size["i"], prod.size["k"]
+    slices = pieces[0].n_slices
+    parts = [torch.randn(shape) for _ in range(slices)]
+    truth = parts[0]
+    for p in parts[1:]:
+        truth = truth + p if agg == "sum" else torch.maximum(truth, p)
+    values = {(p.region, p.device, p.slice):
+              parts[p.slice][tuple(slice(a, b) for a, b in p.region)] for p in pieces}
+    ex = synthesize(prod_info(prod), pieces, needs, agg, topo, mode)
+    fs = run_exchange(ex, pieces, values, agg)
+    for q, d in needs:
+        got = assemble(fs, d, q, shape)
+        want = truth[tuple(slice(a, b) for a, b in q)]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # No link resource carries two different routes in one round.
+    used: dict = {}
+    for t in ex.transfers:
+        for a, c in zip(t.hops, t.hops[1:]):
+            res = topo.link(a, c).resource
+            assert used.setdefault((res, t.round), t.hops) == t.hops
+    assert exchange_time(ex, topo) >= 0
+    assert sum(link_bytes(ex, topo).values()) >= ex.nbytes
+
+
+def prod_info(op):
+    from einsummable.ir import TensorInfo
+    return TensorInfo(op.output, (op.size["i"], op.size["k"]))
+
+
+def test_identical_layouts_and_local_needs_cost_nothing():
+    topo = load_topology("cpu4")
+    prod, cons, _ = producer_consumer(random.Random(3))
+    cand = place(prod, {"i": 2, "k": 2}, [0, 1, 2, 3])
+    pieces = output_layout(prod, cand)
+    needs = [(p.region, p.device) for p in pieces]
+    ex = synthesize(prod_info(prod), pieces, needs, "sum", topo)
+    assert not ex and exchange_time(ex, topo) == 0.0
+
+
+def test_only_overlap_is_sent():
+    topo = synthetic(2)
+    prod, _, _ = producer_consumer(random.Random(0))
+    from einsummable.placement import Piece
+    from einsummable.ir import TensorInfo
+    info = TensorInfo("t", (8, 8))
+    pieces = [Piece(((0, 4), (0, 8)), 0, 0, 1), Piece(((4, 8), (0, 8)), 1, 0, 1)]
+    ex = synthesize(info, pieces, [(((2, 6), (0, 8)), 1)], None, topo)
+    assert [(t.src, t.dst, t.region) for t in ex.transfers] == [(0, 1, ((2, 4), (0, 8)))]
+    assert ex.nbytes == 2 * 8 * 4
+
+
+def test_partials_fold_inside_node_first():
+    # 2 nodes x 4: all 8 devices hold a partial of one block, device 0 reads it.
+    topo = synthetic(8, nodes=2)
+    from einsummable.placement import Piece
+    from einsummable.ir import TensorInfo
+    info = TensorInfo("t", (16, 16))
+    reg = ((0, 16), (0, 16))
+    pieces = [Piece(reg, d, d, 8) for d in range(8)]
+    ex = synthesize(info, pieces, [(reg, 0)], "sum", topo)
+    across = [t for t in ex.transfers if topo.node_of(t.src) != topo.node_of(t.dst)]
+    assert len(across) == 1 and len(across[0].slices) == 4
+    naive = synthesize(info, pieces, [(reg, 0)], "sum", topo, "naive")
+    assert sum(topo.node_of(t.src) != topo.node_of(t.dst) for t in naive.transfers) == 4
+    # Each cross-node byte is paid once: one folded value instead of four slices.
+    slow = lambda e: sum(b for (a, c), b in link_bytes(e, topo).items()
+                         if topo.node_of(a) != topo.node_of(c))
+    assert slow(ex) * 4 == slow(naive)
+
+
+def test_block_crosses_slow_link_once_and_is_relayed():
+    topo = synthetic(8, nodes=2)
+    from einsummable.placement import Piece
+    from einsummable.ir import TensorInfo
+    info = TensorInfo("t", (64, 64))
+    reg = ((0, 64), (0, 64))
+    ex = synthesize(info, [Piece(reg, 0, 0, 1)], [(reg, d) for d in range(8)], None, topo)
+    across = [t for t in ex.transfers if topo.node_of(t.src) != topo.node_of(t.dst)]
+    assert len(across) == 1
+    naive = synthesize(info, [Piece(reg, 0, 0, 1)], [(reg, d) for d in range(8)], None, topo,
+                       "naive")
+    assert exchange_time(ex, topo) < exchange_time(naive, topo)
+
+
+def test_dgx1_missing_links_are_relayed_over_nvlink():
+    topo = load_topology("dgx1-v100")
+    from einsummable.placement import Piece
+    from einsummable.ir import TensorInfo
+    info = TensorInfo("t", (1024, 1024))
+    reg = ((0, 1024), (0, 1024))
+    ex = synthesize(info, [Piece(reg, 0, 0, 1)], [(reg, 7)], None, topo)
+    (t,) = ex.transfers
+    assert len(t.hops) > 2 and all(topo.link(a, c).kind == "nvlink"
+                                   for a, c in zip(t.hops, t.hops[1:]))
+    naive = synthesize(info, [Piece(reg, 0, 0, 1)], [(reg, 7)], None, topo, "naive")
+    assert naive.transfers[0].hops == (0, 7)
+    assert exchange_time(ex, topo) < exchange_time(naive, topo)
+
+
+def test_subtract_partitions_the_box():
+    rng = random.Random(1)
+    for _ in range(200):
+        a = tuple(sorted(rng.sample(range(10), 2)) for _ in range(3))
+        b = tuple(sorted(rng.sample(range(10), 2)) for _ in range(3))
+        a, b = tuple(map(tuple, a)), tuple(map(tuple, b))
+        parts = subtract(a, b)
+        cut = intersect(a, b)
+        assert sum(map(volume, parts)) + (volume(cut) if cut else 0) == volume(a)
+        for i, p in enumerate(parts):
+            assert contains(a, p) and intersect(p, b) is None
+            assert all(intersect(p, o) is None for o in parts[i + 1:])
+
+
+def test_synthesis_is_fast_for_64_by_64():
+    topo = load_topology("dgx1-v100")
+    x = make_op("p", "ij,jk->ik", ["a", "b"], "t", {"a": (512, 512), "b": (512, 512)},
+                join=call("mul", arg(0), arg(1)), agg="sum")
+    y = make_op("c", "ik->ik", ["t"], "u", {"t": (512, 512)}, join=arg(0))
+    pc = place(x, {"i": 8, "k": 8}, [d % 8 for d in range(64)])
+    cc = place(y, {"i": 64}, [d % 8 for d in range(64)])
+    pieces, needs = output_layout(x, pc), input_needs(y, cc, 0)
+    start = time.perf_counter()
+    for _ in range(5):
+        synthesize(prod_info(x), pieces, needs, "sum", topo)
+    assert (time.perf_counter() - start) / 5 < 0.25
