@@ -1,0 +1,228 @@
+"""Lowering: a plan (graph + one candidate per op and per graph input) -> one Program per rank.
+
+Walk the ops in order. For each input of each op, the producer's pieces and the consumer's
+needs go through `exchange.synthesize`; its transfers become Send/Recv pairs hop by hop (a relay
+receives and forwards), its folds become Reduce, and each need is cut (Slice) or stitched
+(Assemble) from the full buffers its device then holds. Each tuple becomes a Compute on every
+device that runs it. Graph outputs are delivered whole to rank 0 the same way. Finally every
+buffer is freed after its last read. All ranks are emitted in one global order (see program.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import PlanError
+from .exchange import Exchange, contains, synthesize
+from .ir import Graph, TensorInfo
+from .placement import INPUT_PREFIX, Candidate, Piece, check_candidate, input_needs, input_op, \
+    output_layout
+from .runtime.program import (Assemble, Compute, Const, Free, Lowered, Output, Place, Program,
+                              Recv, Reduce, Send, Slice, reads, writes)
+from .spec import Region, intersect, region_shape, tuples
+
+
+def _rel(inner: Region, outer: Region) -> Region:
+    return tuple((a - o, b - o) for (a, b), (o, _) in zip(inner, outer))
+
+
+@dataclass
+class _State:
+    graph: Graph
+    world: int
+    instrs: list[list] = field(default_factory=list)
+    next_buf: int = 0
+    next_tag: int = 0
+    # tensor -> device -> [(region, slices, buf)]
+    held: dict[str, dict[int, list[tuple[Region, tuple[int, ...], int]]]] = field(default_factory=dict)
+
+    def buf(self) -> int:
+        self.next_buf += 1
+        return self.next_buf - 1
+
+    def emit(self, rank: int, ins) -> None:
+        self.instrs[rank].append(ins)
+
+    def hold(self, tensor: str, dev: int, reg: Region, slices: tuple[int, ...], buf: int) -> None:
+        self.held.setdefault(tensor, {}).setdefault(dev, []).append((reg, slices, buf))
+
+    def find(self, tensor: str, dev: int, reg: Region, slices: tuple[int, ...]) -> int:
+        """A buffer on dev holding exactly `reg` (slicing a held one if needed)."""
+        for r, s, b in self.held.get(tensor, {}).get(dev, ()):
+            if s == slices and r == reg:
+                return b
+        for r, s, b in self.held.get(tensor, {}).get(dev, ()):
+            if s == slices and contains(r, reg):
+                out = self.buf()
+                self.emit(dev, Slice(out, b, _rel(reg, r)))
+                return out
+        raise PlanError(f"lowering: device {dev} lacks {reg} of {tensor!r} (slices {slices})",
+                        fix="this is a bug in exchange synthesis; report the plan")
+
+
+def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region) -> int:
+    full = [(r, b) for r, s, b in st.held.get(info.name, {}).get(dev, ()) if s == ()]
+    for r, b in full:
+        if r == reg:
+            return b
+    for r, b in full:
+        if contains(r, reg):
+            out = st.buf()
+            st.emit(dev, Slice(out, b, _rel(reg, r)))
+            return out
+    from .exchange import subtract
+    todo, parts = [reg], []
+    for r, b in full:
+        nxt = []
+        for u in todo:
+            cut = intersect(u, r)
+            if cut is None:
+                nxt.append(u)
+                continue
+            parts.append((b, _rel(cut, r), _rel(cut, reg)))
+            nxt.extend(subtract(u, cut))
+        todo = nxt
+        if not todo:
+            break
+    if todo:
+        raise PlanError(f"lowering: device {dev} cannot assemble {reg} of {info.name!r}",
+                        fix="this is a bug in exchange synthesis; report the plan")
+    out = st.buf()
+    st.emit(dev, Assemble(out, region_shape(reg), info.dtype, tuple(parts)))
+    st.hold(info.name, dev, reg, (), out)
+    return out
+
+
+def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
+    events = sorted([(t.round, 0, i) for i, t in enumerate(ex.transfers)]
+                    + [(r.round, 1, i) for i, r in enumerate(ex.reduces)])
+    for _, kind, i in events:
+        if kind == 0:
+            t = ex.transfers[i]
+            buf = st.find(info.name, t.src, t.region, t.slices)
+            for a, c in zip(t.hops, t.hops[1:]):
+                tag = st.next_tag
+                st.next_tag += 1
+                st.emit(a, Send(buf, c, tag))
+                new = st.buf()
+                st.emit(c, Recv(new, a, tag, region_shape(t.region), info.dtype))
+                buf = new
+            st.hold(info.name, t.dst, t.region, t.slices, buf)
+        else:
+            r = ex.reduces[i]
+            ins = tuple(st.find(info.name, r.device, r.region, s) for s in r.inputs)
+            out = st.buf()
+            st.emit(r.device, Reduce(out, agg or "sum", ins))
+            st.hold(info.name, r.device, r.region, r.out, out)
+
+
+def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[tuple[Region, int], int]:
+    """Buffers holding each (region, device) need of a tensor."""
+    g = st.graph
+    out: dict[tuple[Region, int], int] = {}
+    if info.kind == "constant":
+        for q, d in needs:
+            if (q, d) not in out:
+                b = st.buf()
+                st.emit(d, Const(b, info.name, q))
+                out[(q, d)] = b
+        return out
+    pieces, agg = st.layouts[info.name]
+    ex = synthesize(info, pieces, needs, agg, topology, mode)
+    _apply(st, info, ex, agg)
+    for q, d in needs:
+        if (q, d) not in out:
+            out[(q, d)] = _assemble(st, info, d, q)
+    return out
+
+
+def _insert_frees(instrs: list, keep: set[int]) -> list:
+    last: dict[int, int] = {}
+    for i, ins in enumerate(instrs):
+        for b in reads(ins):
+            last[b] = i
+        w = writes(ins)
+        if w is not None:
+            last.setdefault(w, i)
+    ends: dict[int, list[int]] = {}
+    for b, i in last.items():
+        if b not in keep:
+            ends.setdefault(i, []).append(b)
+    out = []
+    for i, ins in enumerate(instrs):
+        out.append(ins)
+        for b in sorted(ends.get(i, ())):
+            out.append(Free(b))
+    return out
+
+
+def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
+    if choice is None:
+        return plan.graph, plan.choice, plan.topology
+    return plan, choice, topology
+
+
+def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
+          mode: str = "optimized") -> Lowered:
+    """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
+    `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive")."""
+    graph, choice, topology = _unpack(plan, choice, topology)
+    from .topology import load_topology
+    topology = load_topology(topology)
+    world = topology.world_size
+    st = _State(graph, world, [[] for _ in range(world)])
+    st.layouts = {}
+    for info in graph.inputs:
+        key = INPUT_PREFIX + info.name
+        if key not in choice:
+            raise PlanError(f"the plan has no layout for graph input {info.name!r}",
+                            fix=f"add a candidate under {key!r} over placement.input_op(info)")
+        _check_devices(key, choice[key], world)
+        iop = input_op(info)
+        check_candidate(iop, choice[key])
+        pieces = output_layout(iop, choice[key])
+        for p in pieces:
+            b = st.buf()
+            st.emit(p.device, Place(b, info.name, p.region))
+            st.hold(info.name, p.device, p.region, (), b)
+        st.layouts[info.name] = (pieces, None)
+    for op in graph.ops:
+        if op.name not in choice:
+            raise PlanError("the plan has no candidate for this op", op=op.name,
+                            source=op.source, fix="give every op a candidate in plan.choice")
+        cand = choice[op.name]
+        check_candidate(op, cand)
+        _check_devices(op.name, cand, world)
+        bufs = []
+        for i, name in enumerate(op.inputs):
+            bufs.append(_deliver(st, graph.tensor(name), input_needs(op, cand, i), mode, topology))
+        pieces = output_layout(op, cand)
+        multi = pieces[0].n_slices > 1
+        k = 0
+        for t, devs in zip(tuples(op, cand.dec), cand.devices):
+            for d in devs:
+                ins = tuple(bufs[i][(t.in_regions[i], d)] for i in range(len(op.inputs)))
+                b = st.buf()
+                st.emit(d, Compute(b, op.name, t.ranges, ins))
+                st.hold(op.output, d, t.out_region, (t.agg_slice,) if multi else (), b)
+                k += 1
+        st.layouts[op.output] = (pieces, op.agg)
+    keep: list[set[int]] = [set() for _ in range(world)]
+    for name in graph.outputs:
+        info = graph.tensor(name)
+        whole = tuple((0, s) for s in info.shape)
+        got = _deliver(st, info, [(whole, 0)], mode, topology)
+        b = got[(whole, 0)]
+        st.emit(0, Output(name, b))
+        keep[0].add(b)
+    programs = tuple(Program(r, world, tuple(_insert_frees(st.instrs[r], keep[r])))
+                     for r in range(world))
+    return Lowered(graph, programs, mode)
+
+
+def _check_devices(name: str, cand: Candidate, world: int) -> None:
+    bad = [d for d in cand.used_devices if not 0 <= d < world]
+    if bad:
+        raise PlanError(f"candidate uses devices {bad} but the topology has {world}", op=name,
+                        fix="optimize the graph for this topology, or pick a topology whose "
+                            "world size covers the plan")

@@ -1,0 +1,197 @@
+"""The instruction set every executor runs: one straight-line Program per rank.
+
+Buffers are integers unique across all ranks of one lowering. Regions inside instructions are
+*relative* to the buffer they read (Slice, Assemble) or global (Place, Const, Compute ranges).
+Every rank's program is a subsequence of one global order, so sends and receives between any
+pair appear in the same order on both sides and an executor that posts receives early and
+waits on a buffer only when it is read cannot deadlock.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..ir import Graph
+from ..spec import Region
+
+
+@dataclass(frozen=True)
+class Place:
+    """The caller's block `region` of graph input `tensor` lives here (weights stay resident)."""
+    out: int
+    tensor: str
+    region: Region
+
+
+@dataclass(frozen=True)
+class Const:
+    """Generate block `region` of constant `tensor` locally (constants are never sent)."""
+    out: int
+    tensor: str
+    region: Region
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Run op `op` on input buffers for the tuple with global per-mode `ranges`."""
+    out: int
+    op: str
+    ranges: tuple[tuple[int, int], ...]
+    inputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Slice:
+    out: int
+    src: int
+    region: Region  # relative to src
+
+
+@dataclass(frozen=True)
+class Assemble:
+    """New buffer of `shape` filled from parts (src buffer, region in src, region in out)."""
+    out: int
+    shape: tuple[int, ...]
+    dtype: str
+    parts: tuple[tuple[int, Region, Region], ...]
+
+
+@dataclass(frozen=True)
+class Send:
+    src: int
+    peer: int
+    tag: int
+
+
+@dataclass(frozen=True)
+class Recv:
+    out: int
+    peer: int
+    tag: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """Fold input buffers with the aggregation `agg` (sum, max, ...); one input is a rename."""
+    out: int
+    agg: str
+    inputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Free:
+    buf: int
+
+
+@dataclass(frozen=True)
+class Output:
+    """Graph output `tensor` (whole) is buffer `src` on this rank."""
+    tensor: str
+    src: int
+
+
+Instr = Place | Const | Compute | Slice | Assemble | Send | Recv | Reduce | Free | Output
+KINDS: dict[str, type] = {c.__name__.lower(): c for c in
+                          (Place, Const, Compute, Slice, Assemble, Send, Recv, Reduce, Free, Output)}
+
+
+def reads(ins: Instr) -> tuple[int, ...]:
+    """Buffers an instruction reads."""
+    if isinstance(ins, Compute | Reduce):
+        return ins.inputs
+    if isinstance(ins, Slice):
+        return (ins.src,)
+    if isinstance(ins, Assemble):
+        return tuple(p[0] for p in ins.parts)
+    if isinstance(ins, Send | Output):
+        return (ins.src,)
+    return ()
+
+
+def writes(ins: Instr) -> int | None:
+    return getattr(ins, "out", None)
+
+
+def _fmt_region(r) -> str:
+    return "[" + ",".join(f"{a}:{b}" for a, b in r) + "]"
+
+
+def format_instr(ins: Instr) -> str:
+    if isinstance(ins, Place):
+        return f"%{ins.out} = place {ins.tensor}{_fmt_region(ins.region)}"
+    if isinstance(ins, Const):
+        return f"%{ins.out} = const {ins.tensor}{_fmt_region(ins.region)}"
+    if isinstance(ins, Compute):
+        args = ", ".join(f"%{i}" for i in ins.inputs)
+        return f"%{ins.out} = compute {ins.op}{_fmt_region(ins.ranges)}({args})"
+    if isinstance(ins, Slice):
+        return f"%{ins.out} = slice %{ins.src}{_fmt_region(ins.region)}"
+    if isinstance(ins, Assemble):
+        parts = ", ".join(f"%{s}{_fmt_region(a)}->{_fmt_region(b)}" for s, a, b in ins.parts)
+        return f"%{ins.out} = assemble {list(ins.shape)} {{{parts}}}"
+    if isinstance(ins, Send):
+        return f"send %{ins.src} -> rank {ins.peer} #{ins.tag}"
+    if isinstance(ins, Recv):
+        return f"%{ins.out} = recv {list(ins.shape)} <- rank {ins.peer} #{ins.tag}"
+    if isinstance(ins, Reduce):
+        return f"%{ins.out} = reduce.{ins.agg}({', '.join(f'%{i}' for i in ins.inputs)})"
+    if isinstance(ins, Free):
+        return f"free %{ins.buf}"
+    return f"output {ins.tensor} = %{ins.src}"
+
+
+def _tuplify(v: Any) -> Any:
+    return tuple(_tuplify(x) for x in v) if isinstance(v, list) else v
+
+
+@dataclass(frozen=True)
+class Program:
+    rank: int
+    world_size: int
+    instrs: tuple[Instr, ...]
+
+    def __str__(self) -> str:
+        head = f"program rank {self.rank}/{self.world_size} ({len(self.instrs)} instructions)"
+        return "\n".join([head] + ["  " + format_instr(i) for i in self.instrs])
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size,
+                "instrs": [[type(i).__name__.lower(), asdict(i)] for i in self.instrs]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "Program":
+        out = []
+        for kind, body in d["instrs"]:
+            cls = KINDS[kind]
+            out.append(cls(**{f.name: _tuplify(body[f.name]) for f in fields(cls)}))
+        return Program(d["rank"], d["world_size"], tuple(out))
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """Everything an executor needs: the graph (op definitions), one program per rank, and the
+    input layout (which ranks hold which blocks of each graph input)."""
+    graph: Graph
+    programs: tuple[Program, ...]
+    mode: str = "optimized"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.programs)
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(p) for p in self.programs)
+
+    def to_json(self) -> str:
+        return json.dumps({"graph": self.graph.to_dict(), "mode": self.mode,
+                           "programs": [p.to_dict() for p in self.programs]},
+                          sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> "Lowered":
+        d = json.loads(text)
+        return Lowered(Graph.from_dict(d["graph"]),
+                       tuple(Program.from_dict(p) for p in d["programs"]), d.get("mode", "optimized"))
