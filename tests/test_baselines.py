@@ -1,0 +1,49 @@
+"""Each hand-written baseline computes exactly module(x), on 2 gloo ranks."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.baselines import BASELINES
+from experiments.measure import CHECK_ATOL, MeasureRequest, measure, percentile
+from experiments.workloads import Workload
+
+SYSTEMS = tuple(BASELINES)
+
+
+@pytest.mark.parametrize("workload", [
+    Workload("tiny", "llama-tiny", batch=2, seq=16),
+    # GQA: 8 query heads over 2 KV heads, so TP splits whole KV groups.
+    Workload("gqa", "llama3-8b", batch=2, seq=8, width=0.25),
+], ids=lambda w: w.name)
+def test_baselines_match_module_on_two_ranks(workload: Workload) -> None:
+    result = measure(MeasureRequest(workload, SYSTEMS + ("vllm",), world=2, warmup=0,
+                                    repeats=3, weights="sharded", timeout_s=120))
+    for name in SYSTEMS:
+        t = result[name]
+        assert t.error is None, (name, t.error)
+        assert t.max_abs_err is not None and t.max_abs_err <= CHECK_ATOL, (name, t.max_abs_err)
+        assert t.median_s is not None and t.median_s > 0 and len(t.samples_s) == 3
+        assert t.p25_s <= t.median_s <= t.p75_s
+    # Never a stand-in under vLLM's name.
+    assert result["vllm"].median_s is None and result["vllm"].error
+
+
+def test_replicated_data_parallel_matches() -> None:
+    result = measure(MeasureRequest(Workload("tiny", "llama-tiny", 2, 8), ("data-parallel",),
+                                    world=2, warmup=0, repeats=1, weights="replicated",
+                                    timeout_s=60))
+    assert result["data-parallel"].max_abs_err <= CHECK_ATOL
+    assert "full weights" in result["data-parallel"].note
+
+
+def test_uneven_split_is_reported_not_hung() -> None:
+    # 3 query positions cannot be split evenly over 2 ranks for sequence parallelism.
+    result = measure(MeasureRequest(Workload("odd", "llama-tiny", 2, 3), ("pytorch-tp-sp",
+                                    "pytorch-tp"), world=2, warmup=0, repeats=1, timeout_s=60))
+    assert "evenly" in result["pytorch-tp-sp"].error
+    assert result["pytorch-tp"].max_abs_err <= CHECK_ATOL
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.25) == 2.0
