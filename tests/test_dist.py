@@ -131,3 +131,16 @@ def test_world_size_mismatch_is_refused():
         run(low, ins, backend="gloo", world_size=2)
     with pytest.raises(PlanError, match="plan is for 4 ranks"):
         run(low, ins, backend="local", world_size=3)
+
+
+def test_compile_llama_tiny_on_gloo():
+    from einsummable.compile import compile as es_compile
+    from einsummable.models import preset
+    from einsummable.models.llama_ir import llama_block_graph
+    module, (x,) = preset("llama-tiny", batch=2, seq=8)
+    g = llama_block_graph(module.config, 2, 8)
+    fn = es_compile(module, (x,), topology="cpu4", backend="gloo", graph=g)
+    ref = module(x).detach()
+    assert rel_err(fn(x), ref) <= 1e-5
+    fn_local = es_compile(module, (x,), topology="cpu4", backend="local", graph=g)
+    assert rel_err(fn_local(x), ref) <= 1e-5
