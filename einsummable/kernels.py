@@ -123,3 +123,76 @@ KERNELS: dict[str, Kernel] = {
 
 def run_kernel(op: "Op", blocks: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     return KERNELS[op.fused].run(op, blocks, ranges)
+
+
+# --------------------------------------------------------------------------- added by capture
+
+def _fine_blocks(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
+    """Blocks viewed with one axis per mode (grouped dims split), block-local extents."""
+    ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
+    return [x.reshape([ext[m] for g in d for m in g]) for x, d in zip(xs, op.in_dims)]
+
+
+def _positions(modes: str, op: "Op", ranges: Ranges, device) -> torch.Tensor:
+    """Global flat index (row-major over `modes`, full sizes) of every element of a block."""
+    pos = torch.zeros((), dtype=torch.long, device=device)
+    for m in modes:
+        lo, hi = ranges[m]
+        pos = pos[..., None] * op.size[m] + torch.arange(lo, hi, device=device)
+    return pos.reshape(-1)
+
+
+def _attention(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    """Layout-generic attention: params name the query ("q"), key ("k"), head-width ("e") and
+    value-width ("f") modes; every other output mode is a batch mode (batch, heads, or the
+    query-group mode of grouped-query attention, which k and v lack). Operand 3, if present, is
+    an additive mask over a subset of the batch, query and key modes."""
+    from .ir import flat_modes
+    p = op.param
+    qm, km, fm = p["q"], p["k"], p["f"]
+    fine = _fine_blocks(op, xs, ranges)
+    names = ["".join(flat_modes(d)) for d in op.in_dims]
+    batch = "".join(m for m in op.out_modes if m not in qm and m not in fm)
+    target = batch + qm + km
+    scores = torch.einsum(f"{names[0]},{names[1]}->{target}", fine[0], fine[1]) * p["scale"]
+    ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
+    if p.get("causal", False):
+        pq = _positions(qm, op, ranges, scores.device)
+        pk = _positions(km, op, ranges, scores.device)
+        hide = (pk[None, :] > pq[:, None]).reshape([ext[m] for m in qm + km])
+        scores = scores.masked_fill(hide, float("-inf"))
+    if len(xs) > 3:
+        have = "".join(m for m in target if m in names[3])
+        mask = torch.einsum(f"{names[3]}->{have}", fine[3])
+        scores = scores + mask.reshape([ext[m] if m in have else 1 for m in target])
+    lead = [ext[m] for m in batch + qm]
+    flat = scores.reshape(lead + [-1]).float()
+    probs = torch.nan_to_num(torch.softmax(flat, dim=-1), nan=0.0).to(fine[0].dtype)
+    probs = probs.reshape(scores.shape)
+    return torch.einsum(f"{target},{names[2]}->{''.join(op.out_modes)}", probs, fine[2])
+
+
+def _attention_flops(op: "Op") -> int:
+    p = op.param
+    size = lambda ms: math.prod(op.size[m] for m in ms)  # noqa: E731
+    batch = size(m for m in op.out_modes if m not in p["q"] and m not in p["f"])
+    scores = batch * size(p["q"]) * size(p["k"])
+    work = 2 * scores * (size(p["e"]) + size(p["f"])) + SOFTMAX_OPS_PER_SCORE * scores
+    return int(work * (0.5 if p.get("causal", False) else 1.0))
+
+
+def _embedding(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    """Rows of table xs[0] (first dim: the vocabulary, never split) picked by indices xs[1]."""
+    table, idx = xs[0], xs[1]
+    return table.reshape(table.shape[0], -1)[idx.long()]
+
+
+KERNELS.update({
+    k.name: k for k in (
+        Kernel("attention", _attention, _attention_flops,
+               "attention over any layout (views read in place, grouped-query heads shared); "
+               "splits batch, head and query modes"),
+        Kernel("embedding", _embedding, _elementwise_flops(1),
+               "table lookup; splits the index modes and the embedding width"),
+    )
+})

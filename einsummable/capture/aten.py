@@ -1,0 +1,730 @@
+"""The ATen -> join-agg mapping table.
+
+Each handler gets the node's arguments with FX nodes replaced by symbolic values (see
+`values.py`) and returns the node's value. Views stay symbolic, elementwise ops stay lazy, and
+only contractions, reductions, fused kernels and materialisations emit ops.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import UnsupportedOpError
+from ..scalar import Expr, arg, call, const
+from . import values as V
+from .emit import Emitter, broadcast_shapes
+from .fold import ir_dtype, scalar_of
+from .values import Folded, Lazy, SliceVal, View
+
+aten = torch.ops.aten
+Handler = Callable[["Ctx", Any, list, dict], Any]
+TABLE: dict[Any, Handler] = {}
+
+
+class Ctx:
+    """What a handler needs: the emitter and the node's output metadata."""
+
+    def __init__(self, em: Emitter, node: Any) -> None:
+        self.em = em
+        self.node = node
+        val = node.meta.get("val")
+        self.meta = val
+        self.dtype = ir_dtype(val.dtype) if isinstance(val, torch.Tensor) else "float32"
+        self.shape = tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+    def fail(self, message: str, fix: str | None = None) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.node.target}: {message}", op=self.node.name,
+                                  source=self.em.source, fix=fix)
+
+
+def register(*targets: Any) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for t in targets:
+            TABLE[t] = fn
+        return fn
+    return deco
+
+
+def supported_ops() -> list[str]:
+    return sorted({str(t) for t in TABLE})
+
+
+def _ew(cx: Ctx, fn: Callable[..., Expr], *vals: Any) -> Lazy:
+    return cx.em.elementwise(fn, vals, cx.dtype)
+
+
+def _view(cx: Ctx, x: Any) -> View:
+    return cx.em.view(x)
+
+
+# ------------------------------------------------------------------------- elementwise
+
+def _binary(fn: Callable[[Expr, Expr], Expr]) -> Handler:
+    def h(cx, node, a, kw):
+        alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
+        if alpha != 1:
+            return _ew(cx, lambda x, y: fn(x, y * float(alpha)), a[0], a[1])
+        return _ew(cx, fn, a[0], a[1])
+    return h
+
+
+for _t, _f in {
+    (aten.add.Tensor, aten.add.Scalar): lambda x, y: x + y,
+    (aten.sub.Tensor, aten.sub.Scalar): lambda x, y: x - y,
+    (aten.mul.Tensor, aten.mul.Scalar): lambda x, y: x * y,
+    (aten.maximum.default,): lambda x, y: call("max", x, y),
+    (aten.minimum.default,): lambda x, y: call("min", x, y),
+}.items():
+    register(*_t)(_binary(_f))
+
+
+@register(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode)
+def _div(cx, node, a, kw):
+    if kw.get("rounding_mode", a[2] if len(a) > 2 else None) is not None:
+        raise cx.fail("integer-rounding division has no join function")
+    return _ew(cx, lambda x, y: x / y, a[0], a[1])
+
+
+@register(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(cx, node, a, kw):
+    alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
+    return _ew(cx, lambda x, y: y - x * float(alpha), a[0], a[1])
+
+
+_UNARY = {
+    aten.neg.default: lambda x: -x, aten.abs.default: lambda x: call("abs", x),
+    aten.exp.default: lambda x: call("exp", x), aten.log.default: lambda x: call("log", x),
+    aten.sqrt.default: lambda x: call("sqrt", x), aten.rsqrt.default: lambda x: call("rsqrt", x),
+    aten.tanh.default: lambda x: call("tanh", x), aten.sigmoid.default: lambda x: call("sigmoid", x),
+    aten.relu.default: lambda x: call("relu", x), aten.silu.default: lambda x: call("silu", x),
+    aten.reciprocal.default: lambda x: 1.0 / x, aten.square.default: lambda x: x * x,
+}
+for _t, _f in _UNARY.items():
+    register(_t)(lambda cx, node, a, kw, _f=_f: _ew(cx, _f, a[0]))
+
+
+@register(aten.gelu.default)
+def _gelu(cx, node, a, kw):
+    fn = "gelu_tanh" if kw.get("approximate", a[1] if len(a) > 1 else "none") == "tanh" else "gelu"
+    return _ew(cx, lambda x: call(fn, x), a[0])
+
+
+@register(aten.pow.Tensor_Scalar)
+def _pow(cx, node, a, kw):
+    p = float(a[1])
+    if p == 1.0:
+        return a[0]
+    if p == 2.0:
+        return _ew(cx, lambda x: x * x, a[0])
+    return _ew(cx, lambda x: x ** p, a[0])
+
+
+@register(aten.clamp_min.default)
+def _clamp_min(cx, node, a, kw):
+    return _ew(cx, lambda x, y: call("max", x, y), a[0], float(a[1]))
+
+
+@register(aten.clamp_max.default)
+def _clamp_max(cx, node, a, kw):
+    return _ew(cx, lambda x, y: call("min", x, y), a[0], float(a[1]))
+
+
+@register(aten.clamp.default)
+def _clamp(cx, node, a, kw):
+    lo = a[1] if len(a) > 1 else kw.get("min")
+    hi = a[2] if len(a) > 2 else kw.get("max")
+    out = a[0]
+    if lo is not None:
+        out = _ew(cx, lambda x, y: call("max", x, y), out, float(lo))
+    if hi is not None:
+        out = _ew(cx, lambda x, y: call("min", x, y), out, float(hi))
+    return out
+
+
+def _cast(cx, node, a, kw):
+    x = a[0]
+    if isinstance(x, (int, float)):
+        return x
+    if cx.dtype == x.dtype:
+        return x
+    if isinstance(x, Folded):
+        return x
+    return _ew(cx, lambda e: e, x)
+
+
+register(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default,
+         aten.clone.default, aten.contiguous.default, aten.alias.default, aten.detach.default,
+         aten.lift_fresh_copy.default, aten.dropout.default)(
+    lambda cx, node, a, kw: _cast(cx, node, a[:1], kw))
+
+
+def _triangle_to_additive(cond: Folded, neg_inf_where: bool) -> Folded:
+    """where(cond, -inf, 0) for a symbolic triangle."""
+    kind = cond.kind if neg_inf_where else ("drop" if cond.kind == "keep" else "keep")
+    if kind == "drop":
+        return Folded("causal", cond.shape, torch.float32)
+    raise ValueError
+
+
+def _where(cx, cond, a, b):
+    """where(cond, a, b) for a constant condition."""
+    if not isinstance(cond, Folded):
+        raise cx.fail("a condition that depends on inputs has no join function",
+                      fix="build masks from constants (triu/tril/full/arange), not from data")
+    for other, inf, neg_inf_where in ((a, b, False), (b, a, True)):
+        if isinstance(inf, (int, float)) and math.isinf(inf) and inf < 0:
+            if cond.kind in ("keep", "drop"):
+                try:
+                    return _ew(cx, lambda x, m: x + m, other, _triangle_to_additive(cond, neg_inf_where))
+                except ValueError:
+                    pass
+            elif cond.kind == "real":
+                c = cond.tensor.bool()
+                m = torch.zeros(c.shape).masked_fill(c if neg_inf_where else ~c, float("-inf"))
+                return _ew(cx, lambda x, y: x + y, other, Folded("real", tuple(m.shape),
+                                                               torch.float32, m))
+    if cond.kind != "real":
+        raise cx.fail("a large symbolic condition mixed with finite values")
+    c = cond.tensor.float()
+    return _ew(cx, lambda x, y, p, q: x * p + y * q, a, b, Folded("real", tuple(c.shape),
+                                                                  torch.float32, c),
+               Folded("real", tuple(c.shape), torch.float32, 1 - c))
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where_h(cx, node, a, kw):
+    return _where(cx, a[0], a[1], a[2])
+
+
+@register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(cx, node, a, kw):
+    v = a[2]
+    if isinstance(v, Folded):
+        v = scalar_of(v)
+    return _where(cx, a[1], v, a[0])
+
+
+# ------------------------------------------------------------------------- reductions
+
+def _dims(x: Any, dims: Any) -> list[int]:
+    rank = len(x.shape)
+    if dims is None or dims == []:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return [d % rank for d in dims]
+
+
+def _reduction(agg: str, mean: bool = False) -> Handler:
+    def h(cx, node, a, kw):
+        x = a[0]
+        dims = _dims(x, a[1] if len(a) > 1 else kw.get("dim"))
+        keep = a[2] if len(a) > 2 else kw.get("keepdim", False)
+        count = math.prod(x.shape[d] for d in dims)
+        return cx.em.reduce(x, dims, bool(keep), agg, cx.dtype,
+                            scale=1.0 / count if mean else 1.0, stem=node.name)
+    return h
+
+
+register(aten.sum.dim_IntList, aten.sum.default)(_reduction("sum"))
+register(aten.mean.dim, aten.mean.default)(_reduction("sum", mean=True))
+register(aten.amax.default)(_reduction("max"))
+register(aten.amin.default)(_reduction("min"))
+register(aten.prod.dim_int, aten.prod.default)(_reduction("prod"))
+
+
+def _variance(cx, x, dims, correction, keep):
+    n = math.prod(x.shape[d] for d in dims)
+    mu = cx.em.reduce(x, dims, True, "sum", cx.dtype, 1.0 / n)
+    sq = cx.em.elementwise(lambda y, m: (y - m) * (y - m), [x, mu], cx.dtype)
+    return cx.em.reduce(sq, dims, keep, "sum", cx.dtype, 1.0 / max(n - correction, 1))
+
+
+@register(aten.var.correction, aten.var.dim, aten.std.correction, aten.std.dim)
+def _var(cx, node, a, kw):
+    x = a[0]
+    dims = _dims(x, a[1] if len(a) > 1 else kw.get("dim"))
+    if node.target in (aten.var.dim, aten.std.dim):
+        unbiased = a[2] if len(a) > 2 else kw.get("unbiased", True)
+        correction = 1 if unbiased else 0
+        keep = a[3] if len(a) > 3 else kw.get("keepdim", False)
+    else:
+        correction = kw.get("correction", 1)
+        correction = 1 if correction is None else correction
+        keep = kw.get("keepdim", False)
+    v = _variance(cx, x, dims, correction, bool(keep))
+    if node.target in (aten.std.correction, aten.std.dim):
+        return cx.em.elementwise(lambda y: call("sqrt", y), [v], cx.dtype)
+    return v
+
+
+@register(aten.softmax.int, aten._softmax.default, aten._safe_softmax.default)
+def _softmax(cx, node, a, kw):
+    x, d = a[0], a[1] % len(a[0].shape)
+    m = cx.em.reduce(x, [d], True, "max", cx.dtype, stem="softmax_max")
+    e = cx.em.view(cx.em.elementwise(lambda y, mm: call("exp", y - mm), [x, m], cx.dtype))
+    s = cx.em.reduce(e, [d], True, "sum", cx.dtype, stem="softmax_sum")
+    return cx.em.elementwise(lambda y, z: y / z, [e, s], cx.dtype)
+
+
+@register(aten.log_softmax.int, aten._log_softmax.default)
+def _log_softmax(cx, node, a, kw):
+    x, d = a[0], a[1] % len(a[0].shape)
+    m = cx.em.reduce(x, [d], True, "max", cx.dtype, stem="log_softmax_max")
+    ex = cx.em.elementwise(lambda y, mm: call("exp", y - mm), [x, m], cx.dtype)
+    s = cx.em.reduce(ex, [d], True, "sum", cx.dtype, stem="log_softmax_sum")
+    return cx.em.elementwise(lambda y, mm, z: y - mm - call("log", z), [x, m, s], cx.dtype)
+
+
+def _layer_norm(cx, x, shape, w, b, eps):
+    dims = list(range(len(x.shape) - len(shape), len(x.shape)))
+    n = math.prod(shape)
+    mu = cx.em.reduce(x, dims, True, "sum", cx.dtype, 1.0 / n, stem="layer_norm_mean")
+    sq = cx.em.elementwise(lambda y, m: (y - m) * (y - m), [x, mu], cx.dtype)
+    var = cx.em.reduce(sq, dims, True, "sum", cx.dtype, 1.0 / n, stem="layer_norm_var")
+    vals: list[Any] = [x, mu, var]
+    ws = [t for t in (w, b) if t is not None]
+
+    def body(y, m, v, *rest):
+        out = (y - m) * call("rsqrt", v + float(eps))
+        if w is not None:
+            out = out * rest[0]
+        if b is not None:
+            out = out + rest[-1]
+        return out
+    out = cx.em.elementwise(body, vals + ws, cx.dtype)
+    rstd = cx.em.elementwise(lambda v: call("rsqrt", v + float(eps)), [var], cx.dtype)
+    return out, mu, rstd
+
+
+@register(aten.layer_norm.default)
+def _layer_norm_h(cx, node, a, kw):
+    w = a[2] if len(a) > 2 else kw.get("weight")
+    b = a[3] if len(a) > 3 else kw.get("bias")
+    eps = a[4] if len(a) > 4 else kw.get("eps", 1e-5)
+    return _layer_norm(cx, a[0], a[1], w, b, eps)[0]
+
+
+@register(aten.native_layer_norm.default)
+def _native_layer_norm(cx, node, a, kw):
+    return _layer_norm(cx, a[0], a[1], a[2], a[3], a[4])
+
+
+@register(aten.rms_norm.default)
+def _rms_norm(cx, node, a, kw):
+    x, shape = a[0], a[1]
+    w = a[2] if len(a) > 2 else kw.get("weight")
+    eps = a[3] if len(a) > 3 else kw.get("eps")
+    if eps is None:
+        eps = torch.finfo(cx.meta.dtype).eps
+    dims = list(range(len(x.shape) - len(shape), len(x.shape)))
+    ms = cx.em.reduce(cx.em.elementwise(lambda y: y * y, [x], cx.dtype), dims, True, "sum",
+                      cx.dtype, 1.0 / math.prod(shape), stem="rms_norm_ms")
+    if w is None:
+        return cx.em.elementwise(lambda y, m: y * call("rsqrt", m + float(eps)), [x, ms], cx.dtype)
+    return cx.em.elementwise(lambda y, m, ww: y * call("rsqrt", m + float(eps)) * ww,
+                             [x, ms, w], cx.dtype)
+
+
+# ------------------------------------------------------------------------- contractions
+
+def _matmul(cx, x, y, dtype):
+    xs, ys = list(x.shape), list(y.shape)
+    xv, yv = x, y
+    squeeze = []
+    if len(xs) == 1:
+        xs = [1] + xs
+        squeeze.append(-2)
+    if len(ys) == 1:
+        ys = ys + [1]
+        squeeze.append(-1)
+    batch = broadcast_shapes(xs[:-2], ys[:-2])
+    nb = len(batch)
+    sizes = {i: s for i, s in enumerate(batch)}
+    n, k, m = nb, nb + 1, nb + 2
+    sizes.update({n: xs[-2], k: xs[-1], m: ys[-1]})
+    xa = list(range(nb - (len(xs) - 2), nb)) + [n, k]
+    ya = list(range(nb - (len(ys) - 2), nb)) + [k, m]
+    if len(x.shape) == 1:
+        xa = [k]
+    if len(y.shape) == 1:
+        ya = [k]
+    out = list(range(nb)) + ([n] if len(x.shape) > 1 else []) + ([m] if len(y.shape) > 1 else [])
+    return cx.em.contract([(xv, xa), (yv, ya)], sizes, out, dtype)
+
+
+@register(aten.matmul.default, aten.mm.default, aten.bmm.default)
+def _matmul_h(cx, node, a, kw):
+    return _matmul(cx, a[0], a[1], cx.dtype)
+
+
+@register(aten.linear.default)
+def _linear(cx, node, a, kw):
+    x, w = a[0], a[1]
+    b = a[2] if len(a) > 2 else kw.get("bias")
+    r = len(x.shape)
+    sizes = {i: s for i, s in enumerate(x.shape)}
+    sizes[r] = w.shape[0]
+    y = cx.em.contract([(x, list(range(r))), (w, [r, r - 1])], sizes,
+                       list(range(r - 1)) + [r], cx.dtype)
+    return y if b is None else _ew(cx, lambda p, q: p + q, y, b)
+
+
+@register(aten.addmm.default, aten.baddbmm.default, aten.addbmm.default)
+def _addmm(cx, node, a, kw):
+    beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
+    if node.target is aten.addbmm.default:
+        raise cx.fail("addbmm sums over the batch; write it as bmm(...).sum(0)")
+    y = _matmul(cx, a[1], a[2], cx.dtype)
+    return _ew(cx, lambda p, q: p * float(beta) + q * float(alpha), a[0], y)
+
+
+@register(aten.einsum.default)
+def _einsum(cx, node, a, kw):
+    eq, xs = a[0].replace(" ", ""), a[1]
+    lhs, _, rhs = eq.partition("->")
+    specs = lhs.split(",")
+    if "." in eq:
+        rank = max(len(x.shape) - (len(s) - 3) for s, x in zip(specs, xs) if "..." in s)
+        ell = "".join(chr(0x3b1 + i) for i in range(rank))
+        specs = [s.replace("...", ell[rank - (len(x.shape) - (len(s) - 3)):]) for s, x in
+                 zip(specs, xs)]
+        if rhs:
+            rhs = rhs.replace("...", ell)
+    if not _ and not rhs:
+        counts: dict[str, int] = {}
+        for s in specs:
+            for c in s:
+                counts[c] = counts.get(c, 0) + 1
+        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+    letters = sorted({c for s in specs for c in s})
+    axis = {c: i for i, c in enumerate(letters)}
+    sizes: dict[int, int] = {}
+    for s, x in zip(specs, xs):
+        if len(set(s)) != len(s):
+            raise cx.fail("repeated index within one operand (a diagonal)")
+        for c, extent in zip(s, x.shape):
+            sizes[axis[c]] = max(sizes.get(axis[c], 1), extent)
+    return cx.em.contract([(x, [axis[c] for c in s]) for s, x in zip(specs, xs)], sizes,
+                          [axis[c] for c in rhs], cx.dtype)
+
+
+@register(aten.embedding.default)
+def _embedding(cx, node, a, kw):
+    w, idx = cx.em.stored(a[0]), cx.em.stored(a[1])
+    r = len(idx.shape)
+    axes = list(idx.shape) + list(w.shape)
+    # w binds (v, d...), idx binds its own dims; output idx dims then d dims
+    wb = tuple(range(r, r + len(w.shape)))
+    ib = tuple(range(r))
+    out = [[i] for i in range(r)] + [[r + 1 + j] for j in range(len(w.shape) - 1)]
+    split = list(range(r)) + list(range(r + 1, r + len(w.shape)))
+    return cx.em.op([(w, wb), (idx, ib)], axes, out, join=None, agg=None, dtype=cx.dtype,
+                    fused="embedding", splittable=split)
+
+
+@register(aten.scaled_dot_product_attention.default)
+def _sdpa(cx, node, a, kw):
+    q, k, v = (cx.em.view(t) for t in a[:3])
+    names = ["attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+    opt = {n: kw.get(n) for n in names}
+    for i, val in enumerate(a[3:]):
+        opt[names[i]] = val
+    if opt["dropout_p"]:
+        raise cx.fail("attention dropout is random", fix="call the module in eval mode")
+    causal = bool(opt["is_causal"])
+    mask = opt["attn_mask"]
+    scale = opt["scale"] if opt["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(mask, Folded) and mask.kind in ("keep", "drop") or \
+            isinstance(mask, Folded) and mask.dtype == torch.bool:
+        if mask.kind == "keep" and mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]:
+            mask, causal = None, True
+        elif mask.kind == "real":
+            add = torch.zeros(mask.shape).masked_fill(~mask.tensor, float("-inf"))
+            mask = Folded("real", tuple(add.shape), torch.float32, add)
+        else:
+            raise cx.fail("boolean attention mask of this shape")
+    if isinstance(mask, Folded) and mask.kind == "causal" and \
+            mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]:
+        mask, causal = None, True
+    elif mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
+        raise cx.fail(f"attention mask of type {type(mask).__name__}")
+    elif isinstance(mask, View) and mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
+        raise cx.fail("a boolean attention mask that depends on inputs")
+    nb = len(q.shape) - 2
+    hq, hk = q.shape[-3] if nb else 1, k.shape[-3] if len(k.shape) > 2 else 1
+    # axes: batch dims..., then Q, K, E, F; GQA splits the head axis into (kv heads, group)
+    batch = list(broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])) if hq == hk else \
+        list(q.shape[:-3])
+    gqa = hq != hk
+    if gqa:
+        if hq % hk:
+            raise cx.fail(f"{hq} query heads do not group over {hk} key heads")
+        q = cx.em.reshape(q, list(q.shape[:-3]) + [hk, hq // hk] + list(q.shape[-2:]))
+        k, v = V.unsqueeze(k, -3), V.unsqueeze(v, -3)
+        batch = batch + [hk, hq // hk]
+    nb = len(batch)
+    Q, K, E, F = nb, nb + 1, nb + 2, nb + 3
+    axes = batch + [q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]]
+
+    def bind(t: View, tail: list[int]) -> tuple:
+        lead = len(t.shape) - len(tail)
+        return tuple(range(nb - lead, nb)) + tuple(tail)
+    ops = [(q, bind(q, [Q, E])), (k, bind(k, [K, E])), (v, bind(v, [K, F]))]
+    if mask is not None:
+        mv = cx.em.view(mask)
+        if gqa:
+            mv = V.unsqueeze(mv, -3) if len(mv.shape) >= 3 else mv
+        lead = len(mv.shape) - 2
+        mb = tuple(range(nb - lead, nb)) + (Q, K)
+        mb = tuple(x if mv.shape[i] == axes[x] else None for i, x in enumerate(mb))
+        ops.append((mv, mb))
+    out = [[i] for i in range(nb - (2 if gqa else 0))] + ([[nb - 2, nb - 1]] if gqa else []) + \
+        [[Q], [F]]
+
+    def params(letters: dict[int, str]) -> tuple:
+        return (("causal", causal), ("scale", float(scale)), ("q", letters[Q]),
+                ("k", letters[K]), ("e", letters[E]), ("f", letters[F]))
+    return cx.em.op(ops, axes, out, join=None, agg=None, dtype=cx.dtype, fused="attention",
+                    params=params, splittable=list(range(nb)) + [Q], stem="attention")
+
+
+# ------------------------------------------------------------------------- views
+
+def _as_view(cx, x):
+    return cx.em.view(x)
+
+
+@register(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def _reshape(cx, node, a, kw):
+    x = _as_view(cx, a[0])
+    shape = V.resolve_shape(a[1], math.prod(x.shape))
+    if tuple(shape) == tuple(x.shape):
+        return x
+    return cx.em.reshape(x, shape)
+
+
+@register(aten.flatten.using_ints)
+def _flatten(cx, node, a, kw):
+    return _reshape(cx, node, [a[0], list(cx.shape)], {})
+
+
+@register(aten.unflatten.int)
+def _unflatten(cx, node, a, kw):
+    return _reshape(cx, node, [a[0], list(cx.shape)], {})
+
+
+@register(aten.permute.default)
+def _permute(cx, node, a, kw):
+    return V.permute(_as_view(cx, a[0]), a[1])
+
+
+@register(aten.transpose.int)
+def _transpose(cx, node, a, kw):
+    x = _as_view(cx, a[0])
+    perm = list(range(len(x.shape)))
+    i, j = a[1] % len(perm), a[2] % len(perm)
+    perm[i], perm[j] = perm[j], perm[i]
+    return V.permute(x, perm)
+
+
+@register(aten.t.default, aten.numpy_T.default)
+def _t(cx, node, a, kw):
+    x = _as_view(cx, a[0])
+    return V.permute(x, list(range(len(x.shape)))[::-1])
+
+
+@register(aten.unsqueeze.default)
+def _unsqueeze(cx, node, a, kw):
+    return V.unsqueeze(_as_view(cx, a[0]), a[1])
+
+
+@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(cx, node, a, kw):
+    ds = a[1] if len(a) > 1 else None
+    return V.squeeze(_as_view(cx, a[0]), [ds] if isinstance(ds, int) else ds)
+
+
+@register(aten.expand.default, aten.expand_as.default, aten.broadcast_to.default)
+def _expand(cx, node, a, kw):
+    x = a[0]
+    shape = list(cx.shape)
+    if isinstance(x, Lazy):  # broadcasting a pending expression costs nothing more later
+        return Lazy(x.expr, x.leaves, tuple(shape), x.dtype)
+    return V.expand(_as_view(cx, x), shape)
+
+
+@register(aten.repeat_interleave.self_int)
+def _repeat_interleave(cx, node, a, kw):
+    x = _as_view(cx, a[0])
+    reps = a[1]
+    dim = a[2] if len(a) > 2 else kw.get("dim")
+    if dim is None:
+        raise cx.fail("repeat_interleave without dim flattens; pass dim=")
+    dim %= len(x.shape)
+    y = V.unsqueeze(x, dim + 1)
+    shape = list(y.shape)
+    shape[dim + 1] = reps
+    y = V.expand(y, shape)
+    return cx.em.reshape(y, list(cx.shape))
+
+
+@register(aten.repeat.default)
+def _repeat(cx, node, a, kw):
+    x = _as_view(cx, a[0])
+    reps = list(a[1])
+    lead = len(reps) - len(x.shape)
+    for _ in range(lead):
+        x = V.unsqueeze(x, 0)
+    y = x
+    for i in reversed(range(len(reps))):
+        y = V.unsqueeze(y, i)
+    shape = []
+    for r, s in zip(reps, x.shape):
+        shape += [r, s]
+    y = V.expand(y, shape)
+    return cx.em.reshape(y, list(cx.shape))
+
+
+# ------------------------------------------------------------------------- slices and cat
+
+def _slice_of(cx, x, dim, start, stop):
+    v = _as_view(cx, x)
+    n = v.shape[dim]
+    start = 0 if start is None else (start + n if start < 0 else start)
+    stop = n if stop is None else (stop + n if stop < 0 else stop)
+    start, stop = max(0, min(start, n)), max(0, min(stop, n))
+    if start == 0 and stop == n:
+        return v
+    if stop <= start:
+        raise cx.fail("an empty slice")
+    return SliceVal(v, dim, start, stop)
+
+
+@register(aten.slice.Tensor)
+def _slice(cx, node, a, kw):
+    x = a[0]
+    dim = (a[1] if len(a) > 1 else 0) % len(x.shape)
+    start = a[2] if len(a) > 2 else None
+    stop = a[3] if len(a) > 3 else None
+    step = a[4] if len(a) > 4 else 1
+    if step != 1:
+        raise cx.fail("strided slices (step != 1) are not supported")
+    return _slice_of(cx, x, dim, start, stop)
+
+
+@register(aten.narrow.default)
+def _narrow(cx, node, a, kw):
+    dim = a[1] % len(a[0].shape)
+    return _slice_of(cx, a[0], dim, a[2], a[2] + a[3])
+
+
+@register(aten.select.int)
+def _select(cx, node, a, kw):
+    x = a[0]
+    dim = a[1] % len(x.shape)
+    i = a[2] % x.shape[dim]
+    part = cx.em.view(_slice_of(cx, x, dim, i, i + 1))
+    return V.squeeze(part, [dim])
+
+
+def _split(cx, x, sizes, dim):
+    dim %= len(x.shape)
+    out, at = [], 0
+    for s in sizes:
+        out.append(_slice_of(cx, x, dim, at, at + s))
+        at += s
+    return tuple(out)
+
+
+@register(aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default,
+          aten.unbind.int)
+def _split_h(cx, node, a, kw):
+    x = a[0]
+    dim = a[2] if len(a) > 2 else kw.get("dim", 0)
+    n = x.shape[dim % len(x.shape)]
+    if node.target is aten.unbind.int:
+        dim = a[1] if len(a) > 1 else 0
+        parts = _split(cx, x, [1] * x.shape[dim], dim)
+        return tuple(V.squeeze(cx.em.view(p), [dim % len(x.shape)]) for p in parts)
+    if node.target is aten.split_with_sizes.default:
+        sizes = list(a[1])
+    elif node.target is aten.chunk.default:
+        each = -(-n // a[1])
+        sizes = [min(each, n - i) for i in range(0, n, each)]
+    else:
+        sizes = [min(a[1], n - i) for i in range(0, n, a[1])]
+    return _split(cx, x, sizes, dim)
+
+
+def _signed_slice(v: Any) -> tuple[SliceVal, float] | None:
+    if isinstance(v, SliceVal):
+        return v, 1.0
+    if isinstance(v, Lazy) and len(v.leaves) == 1 and isinstance(v.leaves[0], SliceVal):
+        c = linear_coef(v.expr)
+        if c is not None and v.shape == v.leaves[0].shape:
+            return v.leaves[0], c
+    return None
+
+
+def linear_coef(e: Expr) -> float | None:
+    """c when e is c * x0 (through neg, mul and div by constants)."""
+    if e.fn == "neg":
+        c = linear_coef(e.args[0])
+        return None if c is None else -c
+    sp = e.scaled_product()
+    return sp[1] if sp is not None and sp[0] == (0,) else None
+
+
+@register(aten.cat.default, aten.concat.default)
+def _cat(cx, node, a, kw):
+    xs = [x for x in a[0] if math.prod(x.shape) > 0]
+    dim = (a[1] if len(a) > 1 else kw.get("dim", 0)) % len(cx.shape)
+    if len(xs) == 1:
+        return xs[0]
+    # group pieces by the view they slice; each group is one einsum with a small matrix
+    groups: list[tuple[View, list[tuple[int, int, float, int]]]] = []
+    at = 0
+    for x in xs:
+        s = _signed_slice(x)
+        if s is not None and s[0].dim == dim:
+            src, pieces = s[0].src, [(s[0].start, s[0].stop, s[1], at)]
+        else:
+            src = cx.em.view(x)
+            pieces = [(0, src.shape[dim], 1.0, at)]
+        for g in groups:
+            if g[0] == src:
+                g[1].extend(pieces)
+                break
+        else:
+            groups.append((src, pieces))
+        at += x.shape[dim]
+    terms = [cx.em.gather(src, dim, pieces, at) for src, pieces in groups]
+    if len(terms) == 1:
+        return terms[0]
+    body = lambda *ts: sum(ts[1:], ts[0])  # noqa: E731
+    return cx.em.elementwise(body, terms, cx.dtype)
+
+
+@register(aten.stack.default)
+def _stack(cx, node, a, kw):
+    dim = (a[1] if len(a) > 1 else kw.get("dim", 0)) % len(cx.shape)
+    xs = [V.unsqueeze(cx.em.view(x), dim) for x in a[0]]
+    return _cat(cx, node, [xs, dim], {})
+
+
+# ------------------------------------------------------------------------- misc
+
+@register(operator.getitem)
+def _getitem(cx, node, a, kw):
+    out = a[0][a[1]]
+    if isinstance(out, V.Missing):
+        raise cx.fail(f"output {a[1]} ({out.what}) is not modelled")
+    return out
+
+
+IGNORED = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+           aten.sym_constrain_range_for_size.default, aten._assert_async.msg}
