@@ -1,0 +1,299 @@
+"""The cost model, in seconds on a topology: compute per candidate, exchange per edge.
+
+Compute. A candidate runs its tuples; device d runs those placed on it one after another. A
+tuple t with F_t FLOP touching B_t bytes (its input regions read, its output block written) is
+one kernel call:
+
+    flop_s(t)   = F_t / (peak(dtype) * flop_efficiency)
+    memory_s(t) = B_t / (mem_bw * mem_efficiency)
+    kernel_s(t) = max(flop_s(t), memory_s(t)) + launch_s               (roofline + launch)
+    compute(c)  = max_d  sum_{t on d} kernel_s(t)                      (slowest device)
+
+F_t is the op's FLOP count scaled by the tuple's share of the join space. Views (reshape,
+permute, squeeze) cost nothing: they relabel a block. `flop_efficiency` is the fraction of
+peak a well-shaped kernel sustains; it is a named parameter of the device (attribute
+`flop_efficiency` when the topology gives one, else `CostModel.flop_efficiency`, 0.7: Meta's
+autoparallel uses 70 %); likewise `mem_efficiency` for HBM (default 0.9).
+
+Exchange. The edge from a producer's candidate to a consumer's candidate costs
+`exchange.exchange_time(exchange.synthesize(...))`: the very transfers (and partial-sum folds)
+that lowering will emit, so the optimizer prices exactly what runs. Edge costs depend only on
+the producer's output layout and the consumer's needs, so they are memoised on those (and the
+tensor's shape, dtype and aggregation), which lets repeated blocks and equal layouts share one
+synthesis.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from . import exchange as xchg
+from .ir import DTYPE_BYTES, Graph, Op, TensorInfo
+from .placement import Candidate, Piece, input_needs, output_layout
+from .spec import Region, region_shape, tuples
+
+DEFAULT_FLOP_EFFICIENCY = 0.7
+DEFAULT_MEM_EFFICIENCY = 0.9
+# Below this many unpriced pairs a process pool costs more than it saves.
+PARALLEL_MIN_PAIRS = 400
+PARALLEL_CHUNK = 64
+Needs = tuple[tuple[Region, int], ...]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Named knobs of the model. Device attributes of the same name take precedence."""
+
+    flop_efficiency: float = DEFAULT_FLOP_EFFICIENCY
+    mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
+    exchange_mode: str = "optimized"   # or "naive" (owner sends to every reader)
+
+    def to_dict(self) -> dict:
+        return {"flop_efficiency": self.flop_efficiency, "mem_efficiency": self.mem_efficiency,
+                "exchange_mode": self.exchange_mode}
+
+
+@dataclass(frozen=True)
+class ComputeCost:
+    """Terms of the busiest device: FLOP time, memory time, launch overhead, and the total
+    (sum over its kernels of max(flop, memory) + launch)."""
+
+    flop_s: float
+    memory_s: float
+    launch_s: float
+    total_s: float
+    kernels: int
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    seconds: float
+    nbytes: int
+    rounds: int
+
+
+ZERO_EDGE = EdgeCost(0.0, 0, 0)
+
+
+def flop_efficiency(device, model: CostModel) -> float:
+    return getattr(device, "flop_efficiency", None) or model.flop_efficiency
+
+
+def mem_efficiency(device, model: CostModel) -> float:
+    return getattr(device, "mem_efficiency", None) or model.mem_efficiency
+
+
+def _region_bytes(reg: Region, dtype: str) -> int:
+    return math.prod(region_shape(reg)) * DTYPE_BYTES[dtype]
+
+
+def compute_cost(op: Op, cand: Candidate, graph: Graph, topology,
+                 model: CostModel = CostModel()) -> ComputeCost:
+    """Compute terms of `cand` (module docstring). Graph-input layouts and views are free."""
+    if op.is_view or op.output not in {o.output for o in graph.ops}:
+        return ComputeCost(0.0, 0.0, 0.0, 0.0, 0)
+    in_dtypes = [graph.tensor(n).dtype for n in op.inputs]
+    out_dtype = graph.tensor(op.output).dtype
+    total_points = math.prod(op.size.values())
+    per_dev: dict[int, list[float]] = {}
+    for t, devs in zip(tuples(op, cand.dec), cand.devices):
+        share = math.prod(hi - lo for lo, hi in t.ranges) / total_points
+        flops = op.flops * share
+        nbytes = sum(_region_bytes(r, d) for r, d in zip(t.in_regions, in_dtypes))
+        nbytes += _region_bytes(t.out_region, out_dtype)
+        for d in devs:
+            dev = topology.devices[d]
+            peak = dev.peak(out_dtype if out_dtype in dev.peak_flops else "float32")
+            f = flops / (peak * flop_efficiency(dev, model))
+            m = nbytes / (dev.mem_bw * mem_efficiency(dev, model))
+            acc = per_dev.setdefault(d, [0.0, 0.0, 0.0, 0.0, 0])
+            acc[0] += f
+            acc[1] += m
+            acc[2] += dev.launch_s
+            acc[3] += max(f, m) + dev.launch_s
+            acc[4] += 1
+    worst = max(per_dev.values(), key=lambda a: (a[3], -a[4]))
+    return ComputeCost(worst[0], worst[1], worst[2], worst[3], int(worst[4]))
+
+
+class FastTopology:
+    """A read-only view of a Topology that memoises the per-pair queries the exchange
+    synthesiser repeats (link, route hops, level groups). Same answers, fewer recomputations."""
+
+    def __init__(self, topology) -> None:
+        self._t = topology
+        self._link: dict = {}
+        self._hops: dict = {}
+        self._direct: dict = {}
+        self._group: dict = {}
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    @property
+    def base(self):
+        return self._t
+
+    def link(self, a: int, b: int):
+        key = (a, b)
+        if key not in self._link:
+            self._link[key] = self._t.link(a, b)
+        return self._link[key]
+
+    def has_direct(self, a: int, b: int) -> bool:
+        key = (a, b)
+        if key not in self._direct:
+            self._direct[key] = self._t.has_direct(a, b)
+        return self._direct[key]
+
+    def hops(self, a: int, b: int, nbytes=None):
+        if nbytes is not None:
+            return self._t.hops(a, b, nbytes)
+        key = (a, b)
+        if key not in self._hops:
+            self._hops[key] = self._t.hops(a, b)
+        return self._hops[key]
+
+    def group_of(self, level, dev: int) -> int:
+        key = (level, dev)
+        if key not in self._group:
+            self._group[key] = self._t.group_of(level, dev)
+        return self._group[key]
+
+
+def edge_info(info: TensorInfo) -> TensorInfo:
+    """The tensor without its name: the exchange cost does not depend on it."""
+    return TensorInfo("edge", info.shape, info.dtype)
+
+
+@dataclass
+class EdgePricer:
+    """Prices (layout, needs) pairs with exchange.synthesize + exchange_time, memoised.
+
+    The memo is per pricer (one optimisation), never global."""
+
+    topology: object
+    model: CostModel = field(default_factory=CostModel)
+    _memo: dict = field(default_factory=dict)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        self.fast = self.topology if isinstance(self.topology, FastTopology) \
+            else FastTopology(self.topology)
+
+    workers: int | None = None  # None: the CPUs this process may use
+
+    @staticmethod
+    def key(info: TensorInfo, produced: Sequence[Piece], needs: Needs, agg: str | None):
+        return (info.shape, info.dtype, agg, tuple(produced), tuple(needs))
+
+    def price(self, info: TensorInfo, produced: Sequence[Piece], needs: Needs,
+              agg: str | None) -> EdgeCost:
+        key = self.key(info, produced, needs, agg)
+        hit = self._memo.get(key)
+        if hit is None:
+            self.calls += 1
+            hit = _price(key, self.fast, self.model.exchange_mode)
+            self._memo[key] = hit
+        return hit
+
+    def prefetch(self, keys: Sequence[tuple]) -> None:
+        """Price many pairs at once, in worker processes when there are enough of them. The
+        answers are the same as `price` one by one (each pair is a pure function)."""
+        todo = [k for k in dict.fromkeys(keys) if k not in self._memo]
+        workers = self.workers if self.workers is not None else _cpus()
+        if len(todo) < PARALLEL_MIN_PAIRS or workers < 2 or not _can_fork():
+            for k in todo:
+                self.calls += 1
+                self._memo[k] = _price(k, self.fast, self.model.exchange_mode)
+            return
+        chunks = [todo[i:i + PARALLEL_CHUNK] for i in range(0, len(todo), PARALLEL_CHUNK)]
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(self.topology if not isinstance(
+                                     self.topology, FastTopology) else self.topology.base,
+                                     self.model.exchange_mode)) as pool:
+            for chunk, res in zip(chunks, pool.map(_price_chunk, chunks)):
+                for k, v in zip(chunk, res):
+                    self.calls += 1
+                    self._memo[k] = v
+
+
+def _price(key: tuple, topology, mode: str) -> EdgeCost:
+    shape, dtype, agg, produced, needs = key
+    ex = xchg.synthesize(TensorInfo("edge", shape, dtype), produced, needs, agg, topology,
+                         mode=mode)
+    if not ex:
+        return ZERO_EDGE
+    return EdgeCost(xchg.exchange_time(ex, topology), ex.nbytes, ex.n_rounds)
+
+
+_WORKER: dict = {}  # per worker process: its topology view (set once by the initializer)
+
+
+def _init_worker(topology, mode: str) -> None:
+    _WORKER["topology"] = FastTopology(topology)
+    _WORKER["mode"] = mode
+
+
+def _price_chunk(keys: list) -> list[EdgeCost]:
+    return [_price(k, _WORKER["topology"], _WORKER["mode"]) for k in keys]
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def finished_needs(pieces: Sequence[Piece]) -> Needs:
+    """Where a tensor must end up fully folded: each block on the devices of its slice 0."""
+    return tuple(dict.fromkeys((p.region, p.device) for p in pieces if p.slice == 0))
+
+
+def edge_cost(info: TensorInfo, producer: Op, producer_cand: Candidate, consumer: Op,
+              consumer_cand: Candidate, pricer: EdgePricer) -> EdgeCost:
+    """Exchange from the producer's output layout to every block the consumer reads of `info`
+    (all operand positions that read it)."""
+    needs = consumer_needs(consumer, consumer_cand, info.name)
+    return pricer.price(info, output_layout(producer, producer_cand), needs, producer.agg)
+
+
+def consumer_needs(consumer: Op, cand: Candidate, tensor: str) -> Needs:
+    out: dict = {}
+    for i, name in enumerate(consumer.inputs):
+        if name == tensor:
+            out.update(dict.fromkeys(input_needs(consumer, cand, i)))
+    return tuple(out)
+
+
+def resident_bytes(pieces: Sequence[Piece], dtype: str, n_devices: int) -> tuple[int, ...]:
+    """Bytes each device holds of a layout (partial slices and replicas included)."""
+    out = [0] * n_devices
+    for p in pieces:
+        out[p.device] += _region_bytes(p.region, dtype)
+    return tuple(out)
+
+
+def needs_bytes(needs: Needs, dtype: str, n_devices: int) -> tuple[int, ...]:
+    out = [0] * n_devices
+    for reg, d in needs:
+        out[d] += _region_bytes(reg, dtype)
+    return tuple(out)
+
+
+def compute_floor(graph: Graph, topology, model: CostModel = CostModel()) -> float:
+    """FLOPs / (devices x peak x efficiency): no plan's FLOP time is below this."""
+    dev = topology.devices[0]
+    dtype = graph.tensors[0].dtype if graph.tensors else "float32"
+    peak = topology.peak(dtype) * flop_efficiency(dev, model)
+    return graph.flops / (topology.world_size * peak)

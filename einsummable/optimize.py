@@ -1,0 +1,686 @@
+r"""The optimisation model of one (graph, topology, options): nodes, candidates, costs, memory.
+
+Nodes are the graph inputs ("input:<name>", whose candidate is the layout the tensor arrives
+in) and the ops. With x[v,c] = 1 when node v takes candidate c, the MIP that `formulations`
+solves is
+
+    minimise    sum_v sum_c  a[v,c] x[v,c]  +  sum_{e=(u,v)} sum_{r,s} w[e,r,s] y[e,r,s]
+    subject to  onehot_v:   sum_c x[v,c] = 1
+                ysrc_e_r:   sum_s y[e,r,s] = sum_{c : L_u(c) = r} x[u,c]
+                ydst_e_s:   sum_r y[e,r,s] = sum_{c : N_ev(c) = s} x[v,c]
+                mem_{d,t}:  sum_v sum_c m[v,c,d,t] x[v,c] <= capacity(d)
+                tie_g:      x[v,c] = x[v',c] for v, v' in one repeated-block group g
+
+    a[v,c]    compute seconds of c (`cost.compute_cost`), plus, for a graph output that is
+              not fed back (no steady state), the exchange that folds its partial sums;
+    L_u(c)    the output layout of u's candidate c (rows of the edge matrix: a projection);
+    N_ev(c)   the blocks v's candidate c reads of the edge's tensor (columns);
+    w[e,r,s]  exchange seconds from layout r to needs s (`exchange.synthesize` + time);
+    m         resident bytes (below).
+
+Steady state adds, for every block input x paired with a block output y of the same shape, an
+edge from y's producer to "input:x" whose needs are x's layout: the block must hand its output
+on in the layout its input came in, or pay the exchange that restores it.
+
+Memory (liveness model). Ops run in graph order t = 0..T-1. A tensor is live from the step that
+produces it (graph inputs: from the start) through its last reader (graph outputs: to the end);
+weights are live throughout. At step t device d holds every live tensor's pieces on d (replicas
+and partial slices count in full) plus the input blocks op t gathers on d. This gives one row per
+(device, step); rows that no choice can violate are dropped before solving.
+
+Weights "sharded": a weight's candidates never replicate (each byte on one device); its
+consumers may still gather it (FSDP-like) and pay for that exchange. "free": any layout, at no
+cost (weights placed ahead of time).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .candidates import OpCandidates, graph_candidates, roles, Roles, structural
+from .cost import (ComputeCost, CostModel, EdgeCost, EdgePricer, compute_cost, consumer_needs,
+                   finished_needs, needs_bytes, resident_bytes)
+from .errors import EinsummableError, PlanError
+from .ir import Graph
+from pathlib import Path
+from .placement import INPUT_PREFIX, Candidate, output_layout
+
+WEIGHT_MODES = ("sharded", "free")
+MIN_TIE_PERIOD = 4  # ops per repeated block; shorter periods are patterns inside one block
+
+
+@dataclass(frozen=True)
+class Options:
+    weights: str = "sharded"
+    steady_state: bool = False
+    cost: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_MODES:
+            raise PlanError(f"unknown weights option {self.weights!r}",
+                            fix=f"use one of: {', '.join(WEIGHT_MODES)}")
+
+    def to_dict(self) -> dict:
+        return {"weights": self.weights, "steady_state": self.steady_state,
+                "cost": self.cost.to_dict()}
+
+
+@dataclass(frozen=True)
+class EdgeTerm:
+    """One pairwise term: tensor moving from node src to node dst."""
+
+    src: str
+    dst: str
+    tensor: str
+    rows: tuple[int, ...]          # src candidate -> layout index
+    cols: tuple[int, ...]          # dst candidate -> needs index
+    matrix: tuple[tuple[EdgeCost, ...], ...]
+    kind: str = "data"             # "data" or "steady" (output fed back to the block input)
+
+    def cost(self, a: int, b: int) -> EdgeCost:
+        return self.matrix[self.rows[a]][self.cols[b]]
+
+
+@dataclass
+class Model:
+    graph: Graph
+    topology: object
+    options: Options
+    nodes: dict[str, OpCandidates]
+    compute: dict[str, tuple[ComputeCost, ...]]
+    finish: dict[str, tuple[EdgeCost, ...]]
+    edges: list[EdgeTerm]
+    ties: tuple[tuple[str, ...], ...]
+    memory: dict[str, tuple[tuple[float, ...], ...]] | None  # node -> resource -> per cand
+    capacities: tuple[float, ...] | None
+    roles: Roles
+    pricer: EdgePricer
+
+    def unary(self, key: str, c: int) -> float:
+        f = self.finish.get(key)
+        return self.compute[key][c].total_s + (f[c].seconds if f else 0.0)
+
+    def index(self, key: str, cand: Candidate) -> int:
+        for i, c in enumerate(self.nodes[key].cands):
+            if c.parts == cand.parts and c.devices == cand.devices:
+                return i
+        raise PlanError(f"candidate {cand} is not among the {len(self.nodes[key].cands)} "
+                        "candidates of this node", op=key,
+                        fix="pick one from es.candidates(graph, topology)")
+
+    def objective(self, choice: Mapping[str, int]) -> float:
+        """Same sum, in the same order, as formulations.objective on `problem()`."""
+        total = 0.0
+        for k in self.nodes:
+            total += self.unary(k, choice[k])
+        for e in self.edges:
+            total += e.cost(choice[e.src], choice[e.dst]).seconds
+        return total
+
+
+# --------------------------------------------------------------------------- repeats
+
+def repeats(graph: Graph) -> tuple[tuple[str, ...], ...]:
+    """Groups of ops at the same position of structurally identical consecutive blocks."""
+    ops = graph.ops
+    index = {op.output: i for i, op in enumerate(ops)}
+    sigs = []
+    for i, op in enumerate(ops):
+        refs = []
+        for name in op.inputs:
+            t = graph.tensor(name)
+            if name in index:
+                refs.append(("op", i - index[name]))
+            elif t.kind == "weight":
+                refs.append(("w", t.shape, t.dtype))
+            else:
+                refs.append(("x", name))
+        sigs.append((structural(op), tuple(refs)))
+    n = len(ops)
+    best = (0, 0, 0, 0)  # coverage, -period, start, count
+    for p in range(MIN_TIE_PERIOD, n // 2 + 1):
+        i = 0
+        while i + p < n:
+            if sigs[i] != sigs[i + p]:
+                i += 1
+                continue
+            j = i
+            while j + p < n and sigs[j] == sigs[j + p]:
+                j += 1
+            count = (j - i + p) // p
+            if count >= 2 and (count * p, -p) > best[:2]:
+                best = (count * p, -p, i, count)
+            i = j + 1
+    cover, neg_p, start, count = best
+    if not cover:
+        return ()
+    p = -neg_p
+    return tuple(tuple(ops[start + k * p + j].name for k in range(count)) for j in range(p))
+
+
+def _tie_groups(graph: Graph, nodes: Mapping[str, OpCandidates]) -> tuple[tuple[str, ...], ...]:
+    parent: dict[str, str] = {}
+
+    def find(a: str) -> str:
+        while parent.get(a, a) != a:
+            a = parent[a]
+        return a
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    for group in repeats(graph):
+        ops = [graph.op(n) for n in group]
+        for op in ops[1:]:
+            union(ops[0].name, op.name)
+        for i, name in enumerate(ops[0].inputs):
+            if graph.tensor(name).kind == "weight":
+                for op in ops[1:]:
+                    other = op.inputs[i]
+                    if graph.tensor(other).kind == "weight" and other != name:
+                        union(INPUT_PREFIX + name, INPUT_PREFIX + other)
+    members: dict[str, list[str]] = {}
+    for k in nodes:
+        members.setdefault(find(k), []).append(k)
+    out = []
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        first = nodes[group[0]]
+        if all(nodes[k].cands == first.cands for k in group):  # same options, same order
+            out.append(tuple(group))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- building
+
+def steady_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """(block input, block output) pairs: activation inputs and outputs of equal shape/dtype."""
+    outs = list(graph.outputs)
+    pairs = []
+    for t in graph.inputs:
+        if t.kind != "input":
+            continue
+        for y in outs:
+            info = graph.tensor(y)
+            if info.shape == t.shape and info.dtype == t.dtype and graph.producer(y):
+                pairs.append((t.name, y))
+                outs.remove(y)
+                break
+    return tuple(pairs)
+
+
+def producer_key(graph: Graph, tensor: str) -> str:
+    p = graph.producer(tensor)
+    return p.name if p is not None else INPUT_PREFIX + tensor
+
+
+def _project(values: Sequence) -> tuple[tuple[int, ...], list]:
+    index: dict = {}
+    proj = []
+    for v in values:
+        proj.append(index.setdefault(v, len(index)))
+    return tuple(proj), list(index)
+
+
+def build_model(graph: Graph, topology, options: Options = Options(),
+                nodes: dict[str, OpCandidates] | None = None,
+                pricer: EdgePricer | None = None) -> Model:
+    r = roles(graph)
+    nodes = nodes if nodes is not None else graph_candidates(graph, topology,
+                                                             weights=options.weights, r=r)
+    pricer = pricer or EdgePricer(topology, options.cost)
+    compute = {k: tuple(compute_cost(oc.op, c, graph, topology, options.cost)
+                        for c in oc.cands) for k, oc in nodes.items()}
+    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
+
+    # (src, dst, tensor, rows, layouts, cols, needs, agg, kind)
+    specs = []
+    for op in graph.ops:
+        for name in dict.fromkeys(op.inputs):
+            if graph.tensor(name).kind == "constant":
+                continue
+            src = producer_key(graph, name)
+            rows, lay = _project(layouts[src])
+            cols, needs = _project([consumer_needs(op, c, name) for c in nodes[op.name].cands])
+            specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, "data"))
+    pairs = steady_pairs(graph) if options.steady_state else ()
+    if options.steady_state and not pairs:
+        raise PlanError("steady_state needs a block output shaped like an activation input",
+                        fix="pass steady_state=False for graphs that are not stackable blocks")
+    for x, y in pairs:
+        src, dst = producer_key(graph, y), INPUT_PREFIX + x
+        rows, lay = _project(layouts[src])
+        cols, needs = _project([finished_needs(p) for p in layouts[dst]])
+        specs.append((src, dst, y, rows, lay, cols, needs, nodes[src].op.agg, "steady"))
+    fed_back = {y for _, y in pairs}
+    finish_specs = []
+    for y in dict.fromkeys(graph.outputs):
+        if y in fed_back:
+            continue
+        src = producer_key(graph, y)
+        finish_specs.append((src, y))
+
+    keys = []
+    for src, dst, name, rows, lay, cols, needs, agg, kind in specs:
+        info = graph.tensor(name)
+        keys += [pricer.key(info, l, n, agg) for l in lay for n in needs]
+    for src, y in finish_specs:
+        info = graph.tensor(y)
+        keys += [pricer.key(info, l, finished_needs(l), nodes[src].op.agg) for l in layouts[src]]
+    pricer.prefetch(keys)
+
+    edges = []
+    for src, dst, name, rows, lay, cols, needs, agg, kind in specs:
+        info = graph.tensor(name)
+        matrix = tuple(tuple(pricer.price(info, l, n, agg) for n in needs) for l in lay)
+        edges.append(EdgeTerm(src, dst, name, rows, cols, matrix, kind))
+    finish = {}
+    for src, y in finish_specs:
+        info = graph.tensor(y)
+        finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
+                            for l in layouts[src])
+    memory, caps = _memory(graph, topology, nodes, layouts)
+    return Model(graph, topology, options, nodes, compute, finish, edges,
+                 _tie_groups(graph, nodes), memory, caps, r, pricer)
+
+
+def _liveness(graph: Graph, nodes: Mapping[str, OpCandidates]) -> dict[str, tuple[int, int]]:
+    steps = max(1, len(graph.ops))
+    step_of = {op.name: i for i, op in enumerate(graph.ops)}
+    last: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        for name in op.inputs:
+            last[name] = i
+    for y in graph.outputs:
+        last[y] = steps - 1
+    live = {}
+    for k, oc in nodes.items():
+        info = graph.tensor(oc.op.output)
+        first = step_of.get(k, 0)
+        end = steps - 1 if info.kind == "weight" else last.get(oc.op.output, first)
+        live[k] = (first, max(first, end))
+    return live
+
+
+def _node_bytes(graph: Graph, oc: OpCandidates, layouts: Sequence, n: int, is_op: bool):
+    """Per candidate: bytes held per device, and bytes gathered per device at its own step."""
+    info = graph.tensor(oc.op.output)
+    held = [resident_bytes(l, info.dtype, n) for l in layouts]
+    gathered = []
+    for c in oc.cands:
+        tot = [0] * n
+        if is_op:
+            for name in dict.fromkeys(oc.op.inputs):
+                t = graph.tensor(name)
+                for d, b in enumerate(needs_bytes(consumer_needs(oc.op, c, name), t.dtype, n)):
+                    tot[d] += b
+        gathered.append(tot)
+    return held, gathered
+
+
+def _memory(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
+            layouts: Mapping[str, list]):
+    """Rows (device, step) of the liveness model that some choice could overfill; (None, None)
+    when no choice can break any row (then the constraints are redundant and left out)."""
+    n = topology.world_size
+    steps = max(1, len(graph.ops))
+    step_of = {op.name: i for i, op in enumerate(graph.ops)}
+    live = _liveness(graph, nodes)
+    data = {k: _node_bytes(graph, oc, layouts[k], n, k in step_of) for k, oc in nodes.items()}
+    worst = [[0.0] * (steps + 1) for _ in range(n)]  # difference arrays per device
+    for k, (held, gathered) in data.items():
+        lo, hi = live[k]
+        for d in range(n):
+            h = max(row[d] for row in held)
+            hg = max(a[d] + b[d] for a, b in zip(held, gathered))
+            worst[d][lo] += hg
+            worst[d][lo + 1] += h - hg
+            worst[d][hi + 1] -= h
+    keep = []
+    for d in range(n):
+        acc = 0.0
+        cap = float(topology.devices[d].mem_bytes)
+        for t in range(steps):
+            acc += worst[d][t]
+            if acc > cap:
+                keep.append((d, t))
+    if not keep:
+        return None, None
+    memory = {}
+    for k, (held, gathered) in data.items():
+        lo, hi = live[k]
+        rows = []
+        for d, t in keep:
+            rows.append(tuple(float((a[d] if lo <= t <= hi else 0) + (b[d] if t == lo else 0))
+                              for a, b in zip(held, gathered)))
+        memory[k] = tuple(rows)
+    return memory, tuple(float(topology.devices[d].mem_bytes) for d, _ in keep)
+
+
+def peak_memory(model: "Model", choice: Mapping[str, int]) -> tuple[float, ...]:
+    """Largest resident bytes per device over the steps (liveness model), for one choice."""
+    graph, topology = model.graph, model.topology
+    n, steps = topology.world_size, max(1, len(graph.ops))
+    step_of = {op.name: i for i, op in enumerate(graph.ops)}
+    live = _liveness(graph, model.nodes)
+    totals = [[0.0] * steps for _ in range(n)]
+    for k, oc in model.nodes.items():
+        c = choice[k]
+        one = OpCandidates(k, oc.op, (oc.cands[c],), (oc.level_parts[c],))
+        held, gathered = _node_bytes(graph, one, [output_layout(oc.op, oc.cands[c])], n,
+                                     k in step_of)
+        lo, hi = live[k]
+        for d in range(n):
+            for t in range(lo, hi + 1):
+                totals[d][t] += held[0][d]
+            totals[d][lo] += gathered[0][d]
+    return tuple(max(row) for row in totals)
+
+
+# --------------------------------------------------------------------------- the MIP
+
+def to_problem(model: Model, warm_start: Mapping[str, int] | None = None):
+    """The generic pairwise-choice problem of `formulations` (module docstring)."""
+    import formulations as fm
+    nodes = []
+    for k, oc in model.nodes.items():
+        mem = model.memory[k] if model.memory is not None else None
+        nodes.append(fm.Node(k, tuple(model.unary(k, c) for c in range(len(oc.cands))), mem))
+    edges = [fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row) for row in e.matrix),
+                     e.rows, e.cols) for e in model.edges]
+    return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
+                      warm_start=dict(warm_start) if warm_start else None)
+
+
+def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str = "highs",
+                warm_start: Mapping[str, int] | None = None):
+    """Solve; errors of `formulations` become InfeasibleError / SolverError."""
+    import formulations as fm
+    from .errors import InfeasibleError, SolverError
+    problem = to_problem(model, warm_start)
+    try:
+        return fm.solve(problem, solver=solver, time_limit_s=time_limit_s)
+    except fm.Infeasible as e:
+        err = InfeasibleError(
+            f"no plan fits: {e}", fix="use more devices, weights='sharded', or a smaller batch"
+            if e.min_capacity is None else
+            f"each device needs at least {e.min_capacity / 1e9:.3f} GB; use more devices, "
+            "weights='sharded', or a smaller batch or sequence")
+        err.min_capacity = e.min_capacity
+        raise err from None
+    except fm.FormulationError as e:
+        raise SolverError(f"the {solver} solve failed: {e}",
+                          fix="raise time_limit_s, or try solver='cbc'") from None
+
+
+# --------------------------------------------------------------------------- named plans
+
+def named_assignment(model: Model, strategy: str) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The strategy's candidate index per node; also the ops that had no exact match."""
+    from .named import check_strategy, op_choice
+    check_strategy(strategy)
+    graph = model.graph
+    activations = {t.name for t in graph.tensors if t.kind in ("input", "intermediate")}
+    fan = model.topology.fanouts()
+    choice: dict[str, int] = {}
+    inexact = []
+    for op in graph.ops:
+        i, exact = op_choice(strategy, model.nodes[op.name], model.roles.modes[op.name],
+                             activations, fan)
+        choice[op.name] = i
+        if not exact:
+            inexact.append(op.name)
+    # Graph inputs: the layout cheapest given the ops (ties break on the lowest index, so
+    # tied weights of repeated blocks choose alike).
+    touching: dict[str, list[EdgeTerm]] = {}
+    for e in model.edges:
+        for end in (e.src, e.dst):
+            if end.startswith(INPUT_PREFIX) and end not in choice:
+                touching.setdefault(end, []).append(e)
+    for k, oc in model.nodes.items():
+        if k in choice:
+            continue
+        def cost(c: int) -> float:
+            tot = model.unary(k, c)
+            for e in touching.get(k, ()):
+                tot += e.cost(c, choice[e.dst]).seconds if e.src == k \
+                    else e.cost(choice[e.src], c).seconds
+            return tot
+        choice[k] = min(range(len(oc.cands)), key=lambda c: (cost(c), c))
+    return {k: choice[k] for k in model.nodes}, tuple(inexact)
+
+
+# --------------------------------------------------------------------------- public API
+
+def _options(weights: str, steady_state: bool, cost_model: CostModel | None,
+             exchange_mode: str) -> Options:
+    cm = cost_model or CostModel()
+    if exchange_mode != cm.exchange_mode:
+        cm = CostModel(cm.flop_efficiency, cm.mem_efficiency, exchange_mode)
+    return Options(weights, steady_state, cm)
+
+
+def _plan(model: Model, assignment: Mapping[str, int], objective: float, bound, gap,
+          solve_s: float, extra: Mapping[str, object]):
+    from .plan import Plan
+    choice = tuple((k, model.nodes[k].cands[assignment[k]]) for k in model.nodes)
+    opts = dict(model.options.to_dict())
+    opts.update(extra)
+    return Plan(model.graph, model.topology, choice, objective, bound, gap, solve_s,
+                tuple(sorted(opts.items())))
+
+
+def candidates(graph: Graph, topology, weights: str = "sharded") -> dict[str, list[Candidate]]:
+    """Node key (op name, or "input:<name>" for a graph input's layout) -> its candidates."""
+    from .topology import load_topology
+    topology = load_topology(topology)
+    return {k: list(oc.cands) for k, oc in
+            graph_candidates(graph, topology, weights=weights).items()}
+
+
+def _restricted(graph: Graph, topology, options: Options,
+                choice: Mapping[str, Candidate | int]) -> dict[str, OpCandidates]:
+    nodes = graph_candidates(graph, topology, weights=options.weights)
+    out = {}
+    for k, oc in nodes.items():
+        if k not in choice:
+            raise PlanError(f"the choice has no candidate for {k!r}", op=k,
+                            fix="give one candidate per op and per graph input ('input:<name>')")
+        c = choice[k]
+        if isinstance(c, int):
+            i = c
+        else:
+            i = next((j for j, x in enumerate(oc.cands)
+                      if x.parts == c.parts and x.devices == c.devices), None)
+            if i is None:
+                from .placement import check_candidate
+                check_candidate(oc.op, c)
+                out[k] = OpCandidates(k, oc.op, (c,), ((),))
+                continue
+        out[k] = OpCandidates(k, oc.op, (oc.cands[i],), (oc.level_parts[i],))
+    return out
+
+
+def plan_cost(graph: Graph, topology, choice: Mapping[str, Candidate | int], *,
+              weights: str = "sharded", steady_state: bool = False,
+              cost_model: CostModel | None = None, exchange_mode: str = "optimized") -> float:
+    """The objective (seconds) of one candidate per node, exactly as the MIP scores it."""
+    from .topology import load_topology
+    topology = load_topology(topology)
+    options = _options(weights, steady_state, cost_model, exchange_mode)
+    model = build_model(graph, topology, options, _restricted(graph, topology, options, choice))
+    return model.objective({k: 0 for k in model.nodes})
+
+
+def named_plan(graph: Graph, topology, name: str, *, weights: str = "sharded",
+               steady_state: bool = False, cost_model: CostModel | None = None,
+               exchange_mode: str = "optimized", model: Model | None = None):
+    """The named strategy as a Plan in the same IR, priced on the same cost model."""
+    from .named import STRATEGY_WEIGHTS, check_strategy
+    from .topology import load_topology
+    check_strategy(name)
+    topology = load_topology(topology)
+    options = _options(STRATEGY_WEIGHTS.get(name, weights), steady_state, cost_model,
+                       exchange_mode)
+    if model is None or model.options != options:
+        model = build_model(graph, topology, options)
+    assignment, inexact = named_assignment(model, name)
+    obj = model.objective(assignment)
+    return _plan(model, assignment, obj, None, None, 0.0,
+                 {"strategy": name, "inexact_ops": list(inexact)})
+
+
+CACHE_VERSION = 1
+CACHE_ENV = "EINSUMMABLE_CACHE_DIR"
+
+
+def cache_dir(path: str | os.PathLike | None = None) -> Path:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "einsummable" / "plans"
+
+
+def cache_key(graph: Graph, topology, options: Options, time_limit_s, solver: str) -> str:
+    blob = json.dumps({"version": CACHE_VERSION, "graph": graph.to_dict(),
+                       "topology": topology.to_dict(), "options": options.to_dict(),
+                       "time_limit_s": time_limit_s, "solver": solver},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _load_cached(path: Path, graph: Graph, topology):
+    """The cached plan, or None when absent, corrupt, or for another graph/topology."""
+    from .plan import Plan
+    try:
+        plan = Plan.from_json(path.read_text())
+    except (OSError, UnicodeDecodeError, EinsummableError, Exception):  # corrupt: rebuild
+        return None
+    if plan.graph.to_dict() != graph.to_dict() or plan.topology.to_dict() != topology.to_dict():
+        return None
+    return plan
+
+
+def _store(path: Path, plan) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plan-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(plan.to_json(timing=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs a re-solve next time
+
+
+def optimize(graph: Graph, topology, time_limit_s: float | None = None,
+             weights: str = "sharded", steady_state: bool = False, *, solver: str = "highs",
+             cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
+             exchange_mode: str = "optimized", warm_start: bool = True):
+    """The MIP-optimal Plan for `graph` on `topology` (see the module docstring).
+
+    cache: True (default directory, or $EINSUMMABLE_CACHE_DIR), a directory, or False.
+    """
+    from .topology import load_topology
+    t0 = time.perf_counter()
+    topology = load_topology(topology)
+    options = _options(weights, steady_state, cost_model, exchange_mode)
+    path = None
+    if cache:
+        d = cache_dir(None if cache is True else cache)
+        path = d / f"{cache_key(graph, topology, options, time_limit_s, solver)}.json"
+        hit = _load_cached(path, graph, topology)
+        if hit is not None:
+            return hit
+    model = build_model(graph, topology, options)
+    warm = None
+    best_named = None
+    if warm_start:
+        from .named import STRATEGIES, STRATEGY_WEIGHTS
+        for name in STRATEGIES:
+            if STRATEGY_WEIGHTS.get(name, options.weights) != options.weights:
+                continue
+            a, _ = named_assignment(model, name)
+            obj = model.objective(a)
+            if best_named is None or obj < best_named[0]:
+                best_named = (obj, a, name)
+        warm = best_named[1] if best_named else None
+    sol = solve_model(model, time_limit_s=time_limit_s, solver=solver, warm_start=warm)
+    solve_s = time.perf_counter() - t0
+    extra = {"solver": solver, "status": sol.status, "time_limit_s": time_limit_s,
+             "warm_start": best_named[2] if best_named else None}
+    plan = _plan(model, sol.assignment, sol.objective, sol.bound, sol.gap, solve_s, extra)
+    if path is not None:
+        _store(path, plan)
+    return plan
+
+
+# --------------------------------------------------------------------------- explain
+
+def explain_plan(plan, strategies: bool = True) -> str:
+    """Text report: per op the split per level, compute and exchange seconds, bytes moved in,
+    and the op's seconds under each named strategy."""
+    from .named import STRATEGIES, STRATEGY_WEIGHTS
+    opt = plan.option
+    options = _options(opt.get("weights", "sharded"), bool(opt.get("steady_state", False)),
+                       CostModel(**opt["cost"]) if "cost" in opt else None,
+                       opt.get("cost", {}).get("exchange_mode", "optimized"))
+    graph, topology = plan.graph, plan.topology
+    model = build_model(graph, topology, options,
+                        _restricted(graph, topology, options, plan.chosen))
+    mine = {k: 0 for k in model.nodes}
+    per_op = _per_node(model, mine)
+    others: dict[str, dict[str, float]] = {}
+    totals: dict[str, float] = {}
+    if strategies:
+        for name in STRATEGIES:
+            sp = named_plan(graph, topology, name, weights=options.weights,
+                            steady_state=options.steady_state, cost_model=options.cost)
+            sopt = sp.option
+            so = _options(sopt["weights"], options.steady_state, options.cost,
+                          options.cost.exchange_mode)
+            m2 = build_model(graph, topology, so, _restricted(graph, topology, so, sp.chosen))
+            others[name] = {k: v[0] + v[1] for k, v in _per_node(m2, {k: 0 for k in m2.nodes}).items()}
+            totals[name] = sp.objective_s
+    lines = [f"plan for {len(graph.ops)} ops on {topology.name} ({topology.world_size} devices), "
+             f"weights={options.weights}, steady_state={options.steady_state}",
+             f"objective {plan.objective_s * 1e3:.4f} ms"
+             + (f", bound {plan.bound_s * 1e3:.4f} ms, gap {plan.gap:.2e}"
+                if plan.bound_s is not None and plan.gap is not None else "")
+             + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")]
+    if totals:
+        lines.append("named strategies: " + ", ".join(
+            f"{n} {t * 1e3:.4f} ms" + (" (weights replicated)" if n in STRATEGY_WEIGHTS else "")
+            for n, t in totals.items()))
+    head = f"{'op':<28} {'split per level':<34} {'compute ms':>10} {'exch ms':>9} {'MB in':>9}"
+    if others:
+        head += "  " + " ".join(f"{n[:12]:>12}" for n in others)
+    lines.append(head)
+    for k, (comp, exch, nbytes) in per_op.items():
+        label = str(plan.chosen[k])
+        row = f"{k[:28]:<28} {label[:34]:<34} {comp * 1e3:>10.4f} {exch * 1e3:>9.4f} " \
+              f"{nbytes / 1e6:>9.2f}"
+        if others:
+            row += "  " + " ".join(f"{others[n].get(k, 0.0) * 1e3:>12.4f}" for n in others)
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _per_node(model: Model, choice: Mapping[str, int]) -> dict[str, tuple[float, float, int]]:
+    """Per node: compute seconds, seconds of the exchanges into it, bytes moved into it."""
+    out = {k: [model.unary(k, choice[k]), 0.0, 0] for k in model.nodes}
+    for e in model.edges:
+        c = e.cost(choice[e.src], choice[e.dst])
+        out[e.dst][1] += c.seconds
+        out[e.dst][2] += c.nbytes
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
