@@ -158,8 +158,10 @@ def _insert_frees(instrs: list, keep: set[int]) -> list:
 
 def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
     if choice is None:
-        return plan.graph, plan.choice, plan.topology
-    return plan, choice, topology
+        choice, topology = plan.choice, plan.topology
+        plan = plan.graph
+    # Plan.choice may be a mapping or a tuple of (key, candidate) pairs.
+    return plan, dict(choice.items() if hasattr(choice, "items") else choice), topology
 
 
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
