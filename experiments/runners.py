@@ -1,0 +1,331 @@
+"""One runner per config `kind`: blocks (simulated or measured), random_plans, exchange,
+matrix_chains. Each returns rows, extra result fields, and the table to print."""
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+from einsummable.topology import SHIPPED_DIR, Topology, load_topology
+
+from . import einsummable_system as es_sys
+from . import harness, simulated
+from .harness import Progress, Row
+from .systems import Unavailable, vllm_available
+from .workloads import Workload
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rows: list[Row]
+    extra: dict = field(default_factory=dict)
+    table: str = ""
+
+
+def _workloads(cfg: dict) -> list[Workload]:
+    return [Workload.from_dict(w, cfg.get("dtype", "float32")) for w in cfg["workloads"]]
+
+
+def _vllm_reason(where: str) -> str:
+    if not vllm_available():
+        return "vLLM is not installed"
+    return f"vLLM is installed but runs only on CUDA GPUs; not {where}"
+
+
+def plan_record(plan, sim=None) -> dict:
+    """What the figures need about a plan: split modes per op and the traffic it makes."""
+    rec: dict = {"json": es_sys.plan_json(plan), "explain": es_sys.explain(plan)}
+    choice = es_sys.choice_of(plan)
+    graph = getattr(plan, "graph", None)
+    if graph is not None:
+        rec["ops"] = [{"op": op.name, "einsum": op.einsum, "split": str(choice[op.name])
+                       if op.name in choice else "?",
+                       "parts": dict(choice[op.name].parts) if op.name in choice else {}}
+                      for op in graph.ops]
+    if sim is not None:
+        rec["link_bytes"] = [[a, b, n] for (a, b), n in sorted(sim.link_bytes.items())]
+        rec["predicted_s"] = sim.time_s
+    return rec
+
+
+# ----------------------------------------------------------------------------- simulated blocks
+
+def _einsummable_sim_row(cfg, w: Workload, graph, how: str, topo, floor_s: float,
+                         plans: dict) -> Row:
+    opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
+                          steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
+    sim = es_sys.simulate(opt.plan)
+    plans[w.name] = plan_record(opt.plan, sim)
+    return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, sim.time_s,
+               model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
+               note=f"optimized ({how}); solve {opt.solve_wall_s:.1f} s",
+               extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None)})
+
+
+def simulated_blocks(cfg: dict, stream=None) -> RunResult:
+    topo = load_topology(cfg["topology"])
+    workloads = _workloads(cfg)
+    systems = cfg["systems"]
+    progress = Progress(len(workloads) * len(systems), cfg["name"], stream)
+    rows: list[Row] = []
+    plans: dict = {}
+    for w in workloads:
+        try:
+            cg = es_sys.graph_for(w)
+        except Unavailable as e:
+            for s in systems:
+                rows.append(Row(cfg["name"], w.name, s, topo.world_size, w.tokens,
+                                unavailable=f"no graph: {e}"))
+                progress.step(f"{w.name} {s}")
+            continue
+        floor_s = simulated.compute_floor(cg.graph, topo)
+        for s in systems:
+            progress.step(f"{w.name} {s}")
+            rows.append(_sim_row(cfg, s, w, cg, topo, floor_s, plans))
+        rows.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
+                        floor_s=floor_s, note="1/N of the FLOPs at peak + one launch per op"))
+    return RunResult(rows, {"plans": plans},
+                     _table(cfg, rows, f"{cfg['name']}: simulated on {topo.name}"))
+
+
+def _sim_row(cfg, s: str, w: Workload, cg, topo, floor_s: float, plans: dict) -> Row:
+    base = dict(config=cfg["name"], workload=w.name, system=s, world=topo.world_size,
+                tokens=w.tokens)
+    try:
+        if s == "einsummable":
+            return _einsummable_sim_row(cfg, w, cg.graph, cg.how, topo, floor_s, plans)
+        if s == "vllm":
+            return Row(**base, unavailable=_vllm_reason("simulated"))
+        bt = simulated.simulate_baseline(s, cg.graph, topo, cfg.get("weights", "sharded"))
+        return Row(**base, time_s=bt.time_s, floor_s=floor_s, note=bt.note,
+                   extra={"compute_s": bt.compute_s, "comm_s": bt.comm_s})
+    except Unavailable as e:
+        return Row(**base, unavailable=str(e))
+    except Exception as e:  # a library error on one row must not lose the others
+        return Row(**base, unavailable=f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+
+
+# ------------------------------------------------------------------------------ measured blocks
+
+def cpu_topology(name: str, world: int) -> Topology:
+    """The shipped CPU topology resized to `world` ranks (same per-rank figures)."""
+    import yaml
+    data = yaml.safe_load((SHIPPED_DIR / f"{name}.yaml").read_text())
+    data["nodes"] = {**data["nodes"], "devices_per_node": world}
+    data["name"] = f"{name}@{world}"
+    return Topology.from_dict(data, f"{name} resized to {world}")
+
+
+def measured_blocks(cfg: dict, stream=None) -> RunResult:
+    from .measure import THREADS_PER_RANK, MeasureRequest, measure
+    workloads = _workloads(cfg)
+    systems = cfg["systems"]
+    worlds = cfg.get("world_sizes", [4])
+    progress = Progress(len(workloads) * len(worlds), cfg["name"], stream)
+    rows: list[Row] = []
+    plans: dict = {}
+    for world in worlds:
+        topo = cpu_topology(cfg.get("topology", "cpu4"), world)
+        for w in workloads:
+            progress.step(f"{w.name} on {world} ranks")
+            reasons: dict[str, str] = {}
+            payload: dict[str, str] = {}
+            if "vllm" in systems:
+                reasons["vllm"] = _vllm_reason("on CPU gloo ranks")
+            if "einsummable" in systems:
+                try:
+                    cg = es_sys.graph_for(w)
+                    opt = es_sys.optimize(cg.graph, topo, weights=cfg.get("weights", "sharded"),
+                                          steady_state=cfg.get("steady_state", True),
+                                          **cfg.get("optimize", {}))
+                    payload["einsummable"] = es_sys.plan_json(opt.plan)
+                    plans[f"{w.name}@{world}"] = plan_record(opt.plan)
+                except Unavailable as e:
+                    reasons["einsummable"] = str(e)
+            run = [s for s in systems if s not in reasons] + ["floor"]
+            timings = measure(MeasureRequest(w, tuple(run), world, cfg.get("warmup", 2),
+                                             cfg.get("repeats", 10), cfg.get("weights", "sharded"),
+                                             cfg.get("timeout_s", 600),
+                                             tuple(payload.items())))
+            floor_s = timings["floor"].median_s
+            for s in systems + ["floor"]:
+                if s in reasons:
+                    rows.append(Row(cfg["name"], w.name, s, world, w.tokens, unavailable=reasons[s]))
+                    continue
+                t = timings[s]
+                rows.append(Row(cfg["name"], w.name, s, world, w.tokens, t.median_s, t.spread_s,
+                                t.p25_s, t.p75_s, floor_s=floor_s, max_abs_err=t.max_abs_err,
+                                note=t.note, unavailable=t.error,
+                                extra={"samples_s": list(t.samples_s)}))
+    extra = {"plans": plans, "threads_per_rank": THREADS_PER_RANK,
+             "protocol": "gloo on loopback; time inside ranks from a barrier to the output; "
+                         "warm-up then interleaved rounds in rotating order; median over rounds "
+                         "of the slowest rank; spread = interquartile range"}
+    title = (f"{cfg['name']}: measured, gloo ranks on this machine "
+             f"({THREADS_PER_RANK} torch thread per rank)")
+    return RunResult(rows, extra, _table(cfg, rows, title))
+
+
+def blocks(cfg: dict, stream=None) -> RunResult:
+    if cfg.get("mode", "simulated") == "measured":
+        return measured_blocks(cfg, stream)
+    return simulated_blocks(cfg, stream)
+
+
+# -------------------------------------------------------------------------------- random plans
+
+def random_plans(cfg: dict, stream=None) -> RunResult:
+    """Uniformly random candidate per op (and per input layout) against the optimized plan,
+    every one timed by the same simulator."""
+    from einsummable.candidates import graph_candidates
+    topo = load_topology(cfg["topology"])
+    w = _workloads(cfg)[0]
+    n = int(cfg.get("samples", 100))
+    progress = Progress(n + 1, cfg["name"], stream)
+    rng = random.Random(int(cfg.get("seed", 0)))
+    rows: list[Row] = []
+    cg = es_sys.graph_for(w)
+    floor_s = simulated.compute_floor(cg.graph, topo)
+    extra: dict = {"workload": w.to_dict(), "floor_s": floor_s}
+    try:
+        opt = es_sys.optimize(cg.graph, topo, weights=cfg.get("weights", "sharded"),
+                              steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
+        sim = es_sys.simulate(opt.plan)
+        rows.append(Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, sim.time_s,
+                        model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
+                        note="optimized"))
+        extra["plans"] = {w.name: plan_record(opt.plan, sim)}
+        optimized_s = sim.time_s
+    except Unavailable as e:
+        rows.append(Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens,
+                        unavailable=str(e)))
+        optimized_s = None
+    progress.step("optimized")
+    cands = graph_candidates(cg.graph, topo, weights=cfg.get("weights", "sharded"))
+    sim_fn = es_sys.api("einsummable.runtime.simulate", "simulate")
+    times: list[float] = []
+    for i in range(n):
+        choice = {k: rng.choice(oc.cands) for k, oc in cands.items()}
+        t = sim_fn(cg.graph, choice, topo).time_s
+        times.append(t)
+        progress.step(f"random plan {i + 1}")
+    med = statistics.median(times)
+    rows.append(Row(cfg["name"], w.name, "random (median)", topo.world_size, w.tokens, med,
+                    floor_s=floor_s, note=f"median of {n} uniformly random plans"))
+    extra.update({"random_s": times, "optimized_s": optimized_s,
+                  "median_ratio": med / optimized_s if optimized_s else None,
+                  "fraction_within_10pct": (sum(t <= 1.1 * optimized_s for t in times) / n
+                                            if optimized_s else None)})
+    table = _table(cfg, rows, f"{cfg['name']}: {n} random plans vs optimized on {topo.name}",
+                   reference="einsummable")
+    if optimized_s:
+        table += (f"\nmedian random / optimized = {med / optimized_s:.2f}x; best random "
+                  f"{min(times) / optimized_s:.2f}x; worst {max(times) / optimized_s:.2f}x")
+    return RunResult(rows, extra, table)
+
+
+# ------------------------------------------------------------------------------------ exchange
+
+def exchange(cfg: dict, stream=None) -> RunResult:
+    """One optimized plan per workload, lowered twice: optimized exchange and naive exchange."""
+    from .chains import chain_graph
+    topo = load_topology(cfg["topology"])
+    entries = cfg["workloads"]
+    progress = Progress(len(entries), cfg["name"], stream)
+    rows: list[Row] = []
+    plans: dict = {}
+    for entry in entries:
+        name = entry["name"]
+        progress.step(name)
+        try:
+            if "chain" in entry:
+                graph, tokens = chain_graph(entry["chain"], entry["shapes"], cfg.get("dtype", "float16")), None
+            else:
+                w = Workload.from_dict(entry, cfg.get("dtype", "float16"))
+                graph, tokens = es_sys.graph_for(w).graph, w.tokens
+            opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
+                                  steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
+            best = es_sys.simulate(opt.plan, mode="optimized")
+            naive = es_sys.simulate(opt.plan, mode="naive")
+        except Unavailable as e:
+            for s in ("einsummable", "naive-exchange"):
+                rows.append(Row(cfg["name"], name, s, topo.world_size, unavailable=str(e)))
+            continue
+        plans[name] = plan_record(opt.plan, best)
+        floor_s = simulated.compute_floor(graph, topo)
+        group = entry.get("group", "transformer" if "chain" not in entry else "chain")
+        rows.append(Row(cfg["name"], name, "einsummable", topo.world_size, tokens, best.time_s,
+                        floor_s=floor_s, note="optimized exchange (trees, relays)",
+                        extra={"group": group}))
+        rows.append(Row(cfg["name"], name, "naive-exchange", topo.world_size, tokens, naive.time_s,
+                        floor_s=floor_s, note="same plan; owner sends to every reader",
+                        extra={"group": group}))
+    gains = {}
+    for group in {r.extra.get("group") for r in rows if r.ok}:
+        ratios = [n.time_s / o.time_s for o in rows for n in rows
+                  if o.ok and n.ok and o.workload == n.workload and o.system == "einsummable"
+                  and n.system == "naive-exchange" and o.extra.get("group") == group]
+        gains[group] = {"geomean_naive_over_optimized": harness.geomean(ratios),
+                        "max_naive_over_optimized": max(ratios) if ratios else None}
+    table = _table(cfg, rows, f"{cfg['name']}: optimized vs naive exchange on {topo.name}",
+                   reference="naive-exchange")
+    table += "\n" + "\n".join(f"{g}: naive/optimized geomean {v['geomean_naive_over_optimized']:.3f}, "
+                              f"max {v['max_naive_over_optimized']:.3f}"
+                              for g, v in sorted(gains.items()) if v["geomean_naive_over_optimized"])
+    return RunResult(rows, {"plans": plans, "gains": gains}, table)
+
+
+# ------------------------------------------------------------------------------- matrix chains
+
+def matrix_chains(cfg: dict, stream=None) -> RunResult:
+    from .chains import chain_flops, chain_graph
+    topo = load_topology(cfg["topology"])
+    progress = Progress(len(cfg["chains"]), cfg["name"], stream)
+    rows: list[Row] = []
+    plans: dict = {}
+    sim_fn = None
+    for entry in cfg["chains"]:
+        name = entry["name"]
+        progress.step(name)
+        graph = chain_graph(entry["chain"], entry["shapes"], cfg.get("dtype", "float16"))
+        floor_s = simulated.compute_floor(graph, topo)
+        note = f"{entry['chain']}  {chain_flops(entry['chain'], entry['shapes']) / 1e12:.2f} TFLOP"
+        try:
+            bt = simulated.simulate_baseline("pytorch", graph, topo)
+            rows.append(Row(cfg["name"], name, "pytorch", topo.world_size, time_s=bt.time_s,
+                            floor_s=floor_s, note="one device"))
+        except Unavailable as e:
+            rows.append(Row(cfg["name"], name, "pytorch", topo.world_size, unavailable=str(e)))
+        try:
+            opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
+                                  steady_state=False, **cfg.get("optimize", {}))
+            sim = es_sys.simulate(opt.plan)
+            plans[name] = plan_record(opt.plan, sim)
+            rows.append(Row(cfg["name"], name, "einsummable", topo.world_size, time_s=sim.time_s,
+                            model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
+                            note=note))
+        except Unavailable as e:
+            rows.append(Row(cfg["name"], name, "einsummable", topo.world_size, unavailable=str(e)))
+        rows.append(Row(cfg["name"], name, "floor", topo.world_size, time_s=floor_s,
+                        floor_s=floor_s, note="1/N of the FLOPs at peak"))
+    return RunResult(rows, {"plans": plans},
+                     _table(cfg, rows, f"{cfg['name']}: matrix chains on {topo.name}",
+                            reference="pytorch"))
+
+
+def _table(cfg: dict, rows: list[Row], title: str, reference: str | None = None) -> str:
+    reference = reference or cfg.get("reference", harness.REFERENCE_SYSTEM)
+    text = harness.format_table(rows, reference, title)
+    text += "\n\n" + harness.format_summary(harness.summarize(rows, reference), reference)
+    pub = cfg.get("published")
+    if pub:
+        text += "\n\npublished (" + str(pub.get("source", "")) + "): " + "; ".join(
+            f"{k} {v}" for k, v in pub.items() if k != "source")
+    return text
+
+
+RUNNERS: dict[str, Callable[[dict, object], RunResult]] = {
+    "blocks": blocks, "random_plans": random_plans, "exchange": exchange,
+    "matrix_chains": matrix_chains,
+}
