@@ -93,17 +93,83 @@ def plan_json(plan) -> str | None:
 
 
 def explain(plan) -> str:
+    """The plan's per-op report (without re-pricing every named strategy: that is slow)."""
     fn = getattr(plan, "explain", None)
-    return fn() if fn else ""
+    if fn is None:
+        return ""
+    try:
+        return fn(strategies=False)
+    except TypeError:
+        return fn()
+
+
+def per_op_breakdown(plan) -> dict[str, tuple[float, float, int]]:
+    """Node key -> (compute s, exchange s into it, bytes moved into it), from the optimizer's
+    own pricing of this plan; empty when the optimizer does not expose it."""
+    try:
+        opt = importlib.import_module("einsummable.optimize")  # the module, not the function
+        o = plan.option
+        cost = dict(o.get("cost") or {})
+        mode = cost.pop("exchange_mode", "optimized")
+        model_cls = importlib.import_module("einsummable.cost").CostModel
+        options = opt._options(o.get("weights", "sharded"), bool(o.get("steady_state", False)),
+                               model_cls(**cost, exchange_mode=mode), mode)
+        model = opt.build_model(plan.graph, plan.topology, options,
+                                opt._restricted(plan.graph, plan.topology, options, plan.chosen))
+        return opt._per_node(model, {k: 0 for k in model.nodes})
+    except Exception:  # a private helper changed: the figure just loses its bytes column
+        return {}
 
 
 # ------------------------------------------------------------------------------ measured runs
 
+def bound_inputs(graph, block, x) -> dict:
+    """Graph inputs by name from the module: capture's binding, or the builder IR's names
+    (x plus state_dict names, which is how llama_ir names them)."""
+    try:
+        bind = api("einsummable.capture", "bind")
+        return bind(graph, block, (x,))
+    except Unavailable:
+        state = {k: v.detach() for k, v in block.state_dict().items()}
+        return {"x": x, **state}
+
+
 def measured_step(payload: str | None, block, x, rank: int, world: int):
-    """This rank's step of an einsummable plan (payload: the plan's JSON, made in the parent)."""
+    """This rank's part of an einsummable plan (payload: the Plan's JSON, made in the parent).
+
+    Timed: the rank's program lowered without delivering the block's output to rank 0, so the
+    output stays where the plan leaves it (steady state, as the baselines leave theirs).
+    Checked: the full program once, whose output rank 0 assembles.
+    """
+    import dataclasses
+
+    import torch
     if payload is None:
         raise Unavailable("no plan was prepared for this run")
-    rank_runner = api("einsummable.runtime.dist", "rank_runner")
+    Plan = api("einsummable.plan", "Plan").from_json
+    execute = api("einsummable.runtime.dist", "execute")
+    rank_blocks = api("einsummable.runtime.dist", "rank_blocks")
+    lower = api("einsummable.lower", "lower")
     from .baselines import RankStep
-    runner = rank_runner(payload, block, x, rank, world)
-    return RankStep(runner.run, runner.gather, getattr(runner, "note", "optimized plan, p2p only"))
+    plan = Plan(payload)
+    if plan.topology.world_size != world:
+        raise Unavailable(f"plan is for {plan.topology.world_size} ranks, run has {world}")
+    inputs = bound_inputs(plan.graph, block, x)
+    choice = choice_of(plan)
+    full = lower(plan.graph, choice, plan.topology)
+    resident = lower(dataclasses.replace(plan.graph, outputs=()), choice, plan.topology)
+    full_blocks = rank_blocks(full, rank, inputs)
+    resident_blocks = rank_blocks(resident, rank, inputs)
+    out_name = plan.graph.outputs[0]
+
+    def run():
+        with torch.no_grad():
+            execute(resident, rank, resident_blocks)
+        return None
+
+    def gather(_local):
+        with torch.no_grad():
+            outs = execute(full, rank, full_blocks)
+        return outs.get(out_name) if rank == 0 else None
+
+    return RankStep(run, gather, "optimized plan; send/recv only")

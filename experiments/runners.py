@@ -39,10 +39,15 @@ def plan_record(plan, sim=None) -> dict:
     choice = es_sys.choice_of(plan)
     graph = getattr(plan, "graph", None)
     if graph is not None:
-        rec["ops"] = [{"op": op.name, "einsum": op.einsum, "split": str(choice[op.name])
-                       if op.name in choice else "?",
-                       "parts": dict(choice[op.name].parts) if op.name in choice else {}}
+        priced = es_sys.per_op_breakdown(plan)
+        rec["ops"] = [{"op": op.name, "einsum": op.einsum,
+                       "split": str(choice[op.name]) if op.name in choice else "?",
+                       "parts": dict(choice[op.name].parts) if op.name in choice else {},
+                       "compute_s": priced.get(op.name, (None,) * 3)[0],
+                       "exchange_s": priced.get(op.name, (None,) * 3)[1],
+                       "bytes_in": priced.get(op.name, (None,) * 3)[2]}
                       for op in graph.ops]
+        rec["world"] = plan.topology.world_size
     if sim is not None:
         rec["link_bytes"] = [[a, b, n] for (a, b), n in sorted(sim.link_bytes.items())]
         rec["predicted_s"] = sim.time_s
@@ -133,16 +138,7 @@ def measured_blocks(cfg: dict, stream=None) -> RunResult:
             payload: dict[str, str] = {}
             if "vllm" in systems:
                 reasons["vllm"] = _vllm_reason("on CPU gloo ranks")
-            if "einsummable" in systems:
-                try:
-                    cg = es_sys.graph_for(w)
-                    opt = es_sys.optimize(cg.graph, topo, weights=cfg.get("weights", "sharded"),
-                                          steady_state=cfg.get("steady_state", True),
-                                          **cfg.get("optimize", {}))
-                    payload["einsummable"] = es_sys.plan_json(opt.plan)
-                    plans[f"{w.name}@{world}"] = plan_record(opt.plan)
-                except Unavailable as e:
-                    reasons["einsummable"] = str(e)
+            predicted = _predictions(cfg, w, topo, systems, reasons, payload, plans)
             run = [s for s in systems if s not in reasons] + ["floor"]
             timings = measure(MeasureRequest(w, tuple(run), world, cfg.get("warmup", 2),
                                              cfg.get("repeats", 10), cfg.get("weights", "sharded"),
@@ -157,7 +153,8 @@ def measured_blocks(cfg: dict, stream=None) -> RunResult:
                 rows.append(Row(cfg["name"], w.name, s, world, w.tokens, t.median_s, t.spread_s,
                                 t.p25_s, t.p75_s, floor_s=floor_s, max_abs_err=t.max_abs_err,
                                 note=t.note, unavailable=t.error,
-                                extra={"samples_s": list(t.samples_s)}))
+                                extra={"samples_s": list(t.samples_s),
+                                       "predicted_s": predicted.get(s)}))
     extra = {"plans": plans, "threads_per_rank": THREADS_PER_RANK,
              "protocol": "gloo on loopback; time inside ranks from a barrier to the output; "
                          "warm-up then interleaved rounds in rotating order; median over rounds "
@@ -165,6 +162,37 @@ def measured_blocks(cfg: dict, stream=None) -> RunResult:
     title = (f"{cfg['name']}: measured, gloo ranks on this machine "
              f"({THREADS_PER_RANK} torch thread per rank)")
     return RunResult(rows, extra, _table(cfg, rows, title))
+
+
+def _predictions(cfg, w: Workload, topo, systems, reasons: dict, payload: dict,
+                 plans: dict) -> dict[str, float]:
+    """Optimize the einsummable plan for this run (its JSON goes to the ranks) and predict
+    every system on the same topology, for the predicted-against-measured figure."""
+    predicted: dict[str, float] = {}
+    try:
+        cg = es_sys.graph_for(w)
+    except Unavailable as e:
+        reasons.setdefault("einsummable", str(e))
+        return predicted
+    if "einsummable" in systems:
+        try:
+            opt = es_sys.optimize(cg.graph, topo, weights=cfg.get("weights", "sharded"),
+                                  steady_state=cfg.get("steady_state", True),
+                                  **cfg.get("optimize", {}))
+            sim = es_sys.simulate(opt.plan)
+            payload["einsummable"] = es_sys.plan_json(opt.plan)
+            plans[f"{w.name}@{topo.world_size}"] = plan_record(opt.plan, sim)
+            predicted["einsummable"] = sim.time_s
+        except Unavailable as e:
+            reasons["einsummable"] = str(e)
+    for s in systems:
+        if s in simulated.NAMED_LAYOUT or s == "pytorch":
+            try:
+                predicted[s] = simulated.simulate_baseline(s, cg.graph, topo,
+                                                           cfg.get("weights", "sharded")).time_s
+            except Exception:  # a prediction is optional; the measurement stands alone
+                pass
+    return predicted
 
 
 def blocks(cfg: dict, stream=None) -> RunResult:

@@ -1,0 +1,1 @@
+"""Figures from experiment results files (experiments/results/*.json); nothing is typed in."""

@@ -1,0 +1,98 @@
+"""`einsummable bench` end to end on a tiny config, and the figures from a small results file."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from experiments import bench, harness
+from paper_figs.cli import draw_all
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = {
+    "name": "tiny_test", "kind": "blocks", "mode": "measured", "topology": "cpu4",
+    "world_sizes": [2], "dtype": "float32", "weights": "sharded", "steady_state": True,
+    "systems": ["einsummable", "pytorch", "pytorch-tp", "pytorch-tp-sp", "data-parallel", "vllm"],
+    "warmup": 1, "repeats": 3, "timeout_s": 120,
+    "workloads": [{"name": "tiny-32", "model": "llama-tiny", "batch": 2, "seq": 16}],
+}
+
+
+def test_tiny_config_end_to_end(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "tiny.yaml"
+    cfg_path.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "einsummable.cli", "bench", str(cfg_path),
+                           "--out", str(out), "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)  # stdout is exactly one JSON object
+    assert "tiny_test [" in proc.stderr  # the progress bar went to stderr
+    by_system = {r["system"]: r for r in doc["rows"]}
+    for s in ("pytorch", "pytorch-tp", "pytorch-tp-sp", "data-parallel", "floor"):
+        assert by_system[s]["time_s"] > 0 and by_system[s]["unavailable"] is None, by_system[s]
+        assert by_system[s]["max_abs_err"] <= 1e-3
+    assert by_system["vllm"]["time_s"] is None and by_system["vllm"]["unavailable"]
+    e = by_system["einsummable"]
+    assert (e["time_s"] is not None) != (e["unavailable"] is not None)  # a number or a reason
+    assert (out / "tiny_test.json").exists()
+    with open(out / "tiny_test.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["system"] for r in rows} >= {"pytorch-tp", "floor", "vllm"}
+
+    # The printed table has ratios to pytorch-tp.
+    table = subprocess.run([sys.executable, "-m", "einsummable.cli", "bench", str(cfg_path),
+                            "--out", str(out), "--repeats", "2"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=240)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "/pytorch-tp" in table.stdout and "1.00" in table.stdout
+
+
+def _small_results(dir_: Path) -> None:
+    rows = []
+    for tokens, base in ((128, 1e-3), (512, 3e-3)):
+        for s, f in (("pytorch-tp", 1.0), ("einsummable", 0.8), ("floor", 0.7)):
+            rows.append(harness.Row("small", f"w{tokens}", s, 4, tokens, base * f, 1e-4,
+                                    floor_s=base * 0.7,
+                                    extra={"predicted_s": base * f * 1.1}).to_dict())
+    doc = {"config": "small", "kind": "blocks", "mode": "measured", "rows": rows,
+           "plans": {"w128@4": {"world": 4, "link_bytes": [[0, 1, 1000], [2, 3, 500]],
+                                "ops": [{"op": "linear", "split": "gpu: b/4", "bytes_in": 2e6}]}}}
+    (dir_ / "small.json").write_text(json.dumps(doc))
+    rand = {"config": "rand", "kind": "random_plans", "mode": "simulated",
+            "rows": [], "optimized_s": 1e-3, "random_s": [2e-3, 2.5e-3, 3e-3, 1.5e-3]}
+    (dir_ / "rand.json").write_text(json.dumps(rand))
+
+
+def test_figures_render(tmp_path: Path) -> None:
+    _small_results(tmp_path)
+    written = draw_all(tmp_path, tmp_path / "figs")
+    names = {p.name for p in written}
+    assert {"small_bars.png", "small_sweep.png", "rand_distribution.png",
+            "predicted_vs_measured.png", "plan_small-w128_4.png"} <= names
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_ratios() -> None:
+    rows = [harness.Row("c", "w", "pytorch-tp", 4, time_s=2.0, floor_s=1.0),
+            harness.Row("c", "w", "einsummable", 4, time_s=1.0, floor_s=1.0),
+            harness.Row("c", "w", "vllm", 4, unavailable="vLLM is not installed")]
+    s = harness.summarize(rows)["4"]
+    assert s["einsummable"]["geomean_ratio_vs_pytorch-tp"] == 1.0 / 2.0
+    assert "vllm" not in s
+    assert "unavailable: vLLM is not installed" in harness.format_table(rows)
+
+
+def test_shipped_configs_parse() -> None:
+    names = {p.stem for p in harness.CONFIG_DIR.glob("*.yaml")}
+    assert names >= {"llama_blocks_a100", "llama_blocks_cpu", "long_context", "matrix_chains",
+                     "random_plans", "exchange_v100"}
+    for n in names:
+        cfg = harness.load_config(n)
+        assert cfg.get("kind", "blocks") in bench.runners.RUNNERS
