@@ -127,7 +127,8 @@ def flat_modes(dims: Dims) -> tuple[str, ...]:
 class Constant:
     """A graph input every device can generate locally: no owner, never sent.
 
-    kind: "causal_mask" (0 on and below the diagonal, -inf above; shape (q, k)),
+    kind: "causal_mask" (0 on and below the diagonal, -inf above; shape (q, k)), "fill"
+    (every element is values[0]),
     "literal" (values given row-major in `values`), "rope_cos"/"rope_sin" (value tables of a
     rotary embedding with base `theta`, shape (seq, head_dim)), "rotate_half" ((2, 2) matrix
     that maps the halves (x1, x2) to (-x2, x1)).

@@ -152,7 +152,8 @@ def _attention(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Te
     qm, km, fm = p["q"], p["k"], p["f"]
     fine = _fine_blocks(op, xs, ranges)
     names = ["".join(flat_modes(d)) for d in op.in_dims]
-    batch = "".join(m for m in op.out_modes if m not in qm and m not in fm)
+    batch = "".join(m for m in op.out_modes if m not in qm and m not in fm
+                    and (m in names[0] or m in names[1]))
     target = batch + qm + km
     scores = torch.einsum(f"{names[0]},{names[1]}->{target}", fine[0], fine[1]) * p["scale"]
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
@@ -169,7 +170,8 @@ def _attention(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Te
     flat = scores.reshape(lead + [-1]).float()
     probs = torch.nan_to_num(torch.softmax(flat, dim=-1), nan=0.0).to(fine[0].dtype)
     probs = probs.reshape(scores.shape)
-    return torch.einsum(f"{target},{names[2]}->{''.join(op.out_modes)}", probs, fine[2])
+    out = "".join(m for m in op.out_modes if m in target or m in names[2])
+    return torch.einsum(f"{target},{names[2]}->{out}", probs, fine[2])
 
 
 def _attention_flops(op: "Op") -> int:

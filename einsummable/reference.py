@@ -90,6 +90,8 @@ def materialize(const: Constant, info: TensorInfo, region: Region | None = None,
     if const.kind == "rotate_half":
         full = torch.tensor([[0.0, 1.0], [-1.0, 0.0]], dtype=dtype, device=device)
         return full[tuple(slice(lo, hi) for lo, hi in reg)]
+    if const.kind == "fill":  # every element is values[0], at any size
+        return torch.full(region_shape(reg), const.values[0], dtype=dtype, device=device)
     if const.kind == "literal":
         full = torch.tensor(const.values, dtype=dtype, device=device).reshape(info.shape)
         return full[tuple(slice(lo, hi) for lo, hi in reg)]

@@ -55,17 +55,33 @@ def trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
                                  fix="make forward exportable: no data-dependent control flow, "
                                      "no Python side effects on tensors") from e
     table: dict[Any, Any] = {}
+    first: UnsupportedOpError | None = None
+    # The training IR is already functional unless it mutates something; decompositions run
+    # (and functionalise) only when needed, since they dominate the cost of a trace.
+    program = ep if _functional(ep) else ep.run_decompositions(table)
     for _ in range(_MAX_DECOMPOSITION_ROUNDS):
-        program = ep.run_decompositions(table)
         try:
             return _capture(program)
         except UnsupportedOpError as e:
+            first = first or e
             target = getattr(e, "aten_op", None)
+            if program is ep:  # composite ops decompose in the standard pass
+                program = ep.run_decompositions(table)
+                continue
             decomp = _decomposition(target)
             if decomp is None or target in table:
-                raise
+                raise first from (e if e is not first else None)
             table[target] = decomp
+            program = ep.run_decompositions(table)
     raise UnsupportedOpError("decomposition did not converge", op=type(module).__name__)
+
+
+def _functional(ep: torch.export.ExportedProgram) -> bool:
+    sig = ep.graph_signature
+    if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
+        return False
+    return not any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+                   for n in ep.graph.nodes if n.op == "call_function")
 
 
 def _decomposition(target: Any) -> Any:
@@ -121,6 +137,8 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
                 env[node] = fold.real(ep.constants[lifted[node.name]])
             elif not isinstance(val, torch.Tensor):
                 env[node] = val
+            elif node.name in weights and val.dtype == torch.bool:
+                env[node] = _bool_state(ep, weights[node.name], val)
             else:
                 kind = "weight" if node.name in weights else "input"
                 name = weights.get(node.name, node.name)
@@ -160,12 +178,21 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
         except Exception as e:  # noqa: BLE001 - a mapping bug must still name the line
             raise _unsupported(node, src, code, f"{type(e).__name__}: {e}") from e
         if isinstance(value, (Lazy, SliceVal)) and value.name is None:
-            value = dataclasses.replace(value, name=node.name)
+            value = dataclasses.replace(value, name=node.name, source=src)
         users = [u for u in node.users if u.target not in IGNORED]
         if isinstance(value, Lazy) and len(users) > 1:
             value = em.view(value)
         env[node] = value
     return _finish(em, outputs)
+
+
+def _bool_state(ep: torch.export.ExportedProgram, name: str, val: torch.Tensor) -> Folded:
+    """A boolean buffer (a mask) is folded: graph tensors are numbers. On the meta device it
+    has no values, so it stays opaque and fails where it is used."""
+    t = ep.state_dict.get(name, ep.constants.get(name))
+    if t is None or t.is_meta:
+        return Folded("opaque", tuple(val.shape), val.dtype)
+    return fold.real(t)
 
 
 def _finish(em: Emitter, outputs: list[str]) -> Graph:

@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..scalar import Expr, arg, call, const
 from . import values as V
 from .emit import Emitter, broadcast_shapes
-from .fold import ir_dtype, scalar_of
+from .fold import _is_causal as is_causal, ir_dtype, scalar_of
 from .values import Folded, Lazy, SliceVal, View
 
 aten = torch.ops.aten
@@ -49,7 +49,7 @@ def register(*targets: Any) -> Callable[[Handler], Handler]:
 
 
 def supported_ops() -> list[str]:
-    return sorted({str(t) for t in TABLE})
+    return sorted({"operator.getitem" if t is operator.getitem else str(t) for t in TABLE})
 
 
 def _ew(cx: Ctx, fn: Callable[..., Expr], *vals: Any) -> Lazy:
@@ -438,19 +438,20 @@ def _sdpa(cx, node, a, kw):
     causal = bool(opt["is_causal"])
     mask = opt["attn_mask"]
     scale = opt["scale"] if opt["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(mask, Folded) and mask.kind in ("keep", "drop") or \
-            isinstance(mask, Folded) and mask.dtype == torch.bool:
-        if mask.kind == "keep" and mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]:
+    if isinstance(mask, Folded):
+        if mask.dtype == torch.bool:
+            if mask.kind == "keep":
+                mask = Folded("causal", mask.shape, torch.float32)
+            elif mask.kind == "real":
+                add = torch.zeros(mask.shape).masked_fill(~mask.tensor, float("-inf"))
+                mask = Folded("real", tuple(add.shape), torch.float32, add)
+            else:
+                raise cx.fail("a boolean attention mask of this kind",
+                              fix="pass is_causal=True or an additive float mask")
+        square = mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]
+        if square and (mask.kind == "causal" or mask.kind == "real" and is_causal(mask.tensor)):
             mask, causal = None, True
-        elif mask.kind == "real":
-            add = torch.zeros(mask.shape).masked_fill(~mask.tensor, float("-inf"))
-            mask = Folded("real", tuple(add.shape), torch.float32, add)
-        else:
-            raise cx.fail("boolean attention mask of this shape")
-    if isinstance(mask, Folded) and mask.kind == "causal" and \
-            mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]:
-        mask, causal = None, True
-    elif mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
+    if mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
         raise cx.fail(f"attention mask of type {type(mask).__name__}")
     elif isinstance(mask, View) and mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise cx.fail("a boolean attention mask that depends on inputs")

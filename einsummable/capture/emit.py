@@ -112,6 +112,7 @@ class Emitter:
         raise ShapeError("operand layouts could not be reconciled", source=self.source)
 
     def _op(self, operands, axes, out, join, agg, dtype, fused, params, splittable, stem) -> View:
+        operands = list(operands)
         # 1. per axis, the common refinement of every operand's cut
         bounds: dict[int, set[int]] = {x: {1, axes[x]} for x in range(len(axes))}
         for i, (v, bind) in enumerate(operands):
@@ -165,6 +166,18 @@ class Emitter:
                 size[m] = 1
                 ms = [m]
             out_dims.append(tuple(ms))
+        # an output mode that only broadcasts gets its extent from a ones constant, which the
+        # join does not read
+        names = [v.base for v, _ in operands]
+        have = {m for d in in_dims for g in d for m in g}
+        for g in out_dims:
+            for m in g:
+                if size[m] > 1 and m not in have:
+                    ones = self.add_constant(("fill", 1.0), "ones", Constant("fill", (1.0,)),
+                                             (size[m],), dtype)
+                    names.append(ones.base)
+                    in_dims.append(((m,),))
+                    have.add(m)
         order: list[str] = []
         for d in (out_dims, *in_dims):
             for g in d:
@@ -174,7 +187,7 @@ class Emitter:
         name = self.fresh(stem or self.stem)
         out_dims_t = tuple(out_dims)
         shape = dims_shape(out_dims_t, size)
-        op = Op(name, tuple(v.base for v, _ in operands), tuple(in_dims), name, out_dims_t,
+        op = Op(name, tuple(names), tuple(in_dims), name, out_dims_t,
                 tuple((m, size[m]) for m in order), join, agg, fused,
                 params({x: "".join(m for m, _ in axis_modes[x]) for x in axis_modes})
                 if params else (),
@@ -214,6 +227,17 @@ class Emitter:
         key = id(value)
         if key in self._memo:
             return self._memo[key][1]
+        where = self.source
+        if isinstance(value, (Lazy, SliceVal)) and value.source:
+            self.source = value.source  # the op belongs to the line that wrote the expression
+        try:
+            res = self._pending(value)
+        finally:
+            self.source = where
+        self._memo[key] = (value, res)
+        return res
+
+    def _pending(self, value: Value) -> View:
         if isinstance(value, Lazy):
             res = self._map(value)
         elif isinstance(value, SliceVal):
@@ -223,7 +247,6 @@ class Emitter:
             res = self.folded(value)
         else:
             raise TypeError(type(value))
-        self._memo[key] = (value, res)
         return res
 
     def stored(self, value: Value) -> View:
@@ -236,8 +259,8 @@ class Emitter:
         if isinstance(c, torch.Tensor):
             v = self.literal(c, dtype)
         else:
-            v = self.add_constant((c.kind,), f"{c.kind}_{'x'.join(map(str, shape))}", c, shape,
-                                  dtype)
+            v = self.add_constant((c.kind, c.values), f"{c.kind}_{'x'.join(map(str, shape))}",
+                                  c, shape, dtype)
         if expand_to is not None:
             from .values import expand
             v = expand(v, expand_to)

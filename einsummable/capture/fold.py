@@ -82,6 +82,8 @@ def _cpu(x: Any) -> Any:
         return torch.device("cpu")
     if isinstance(x, (list, tuple)):
         return type(x)(_cpu(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
     return x
 
 
@@ -176,7 +178,7 @@ def as_constant(f: Folded, source: str | None
         stored = tuple(f.shape[-2:])
         return Constant("causal_mask"), stored, dtype, (f.shape if f.shape != stored else None)
     if f.kind == "fill":
-        return torch.tensor(float(f.fill)), (), dtype, (f.shape if f.shape else None)
+        return Constant("fill", (float(f.fill),)), f.shape, dtype, None
     if f.kind in ("keep", "drop"):
         if f.numel > LITERAL_LIMIT:
             raise UnsupportedOpError(

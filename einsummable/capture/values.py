@@ -181,6 +181,7 @@ class SliceVal:
     start: int
     stop: int
     name: str | None = field(default=None, compare=False)
+    source: str | None = field(default=None, compare=False)
 
     @property
     def dtype(self) -> str:
@@ -205,6 +206,7 @@ class Lazy:
     shape: tuple[int, ...]
     dtype: str
     name: str | None = field(default=None, compare=False)
+    source: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, eq=False)
