@@ -1,16 +1,28 @@
-"""Simulator vs measured time of the llama-tiny block on gloo ranks, over many plans.
+"""Simulator vs measured time of the llama-tiny block on gloo ranks, over many plans; and a
+1-rank program vs eager torch of the same model.
 
-    python -m experiments.sim_vs_measured [--topology cpu4] [--plans 20] [--repeats 5]
+    python -m experiments.sim_vs_measured [--topology cpu4] [--random 14] [--rounds 7]
 
-Each plan (random candidates per op, seeded) is lowered, timed on a gloo pool (median of
-`repeats` runs after one warm-up) and simulated on the topology. Prints both per plan and the
-Pearson r between them. Also: a 1-rank program vs eager evaluation of the same graph.
+Plans: the optimizer's plan, the five named strategies and `--random` random plans (random
+decomposition and device order per op, seeded), so times spread widely. Each is lowered,
+simulated on the topology, and timed on a gloo pool: weights stay resident, every timed run
+starts after a p2p barrier and lasts until the slowest rank ends (job transport excluded);
+one warm-up round, then `--rounds` rounds that run every plan once each (interleaved, so drift
+hits all plans alike), median per plan. Prints both per plan and the Pearson r.
+
+1-rank section: the same graph lowered for one rank and run by the local executor and by a
+1-rank gloo pool, against (a) eager torch running the nn.Module forward (the yardstick) and
+(b) the reference evaluator of the graph. Ratios > 1 mean the program is slower.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
 import random
 import statistics
+import sys
 import time
 
 import torch
@@ -18,11 +30,21 @@ import torch
 from einsummable.lower import lower
 from einsummable.placement import INPUT_PREFIX, input_op, place
 from einsummable.reference import evaluate
-from einsummable.runtime.dist import Pools
+from einsummable.runtime.dist import Pools, threads_per_rank
 from einsummable.runtime.local import run_local
 from einsummable.runtime.simulate import simulate
 from einsummable.spec import decompositions
 from einsummable.topology import load_topology, synthetic
+
+NAMED = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")
+
+
+def header(argv) -> str:
+    cmd = "python -m experiments.sim_vs_measured " + " ".join(argv if argv is not None
+                                                              else sys.argv[1:])
+    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    return (f"# command: {cmd.strip()}\n# machine: {platform.machine()}, nproc {os.cpu_count()}, "
+            f"torch {torch.__version__}, python {platform.python_version()}\n# date: {stamp}")
 
 
 def tiny(batch: int, seq: int):
@@ -30,11 +52,12 @@ def tiny(batch: int, seq: int):
     from einsummable.models.llama_ir import llama_block_graph
     module, (x,) = preset("llama-tiny", batch=batch, seq=seq)
     g = llama_block_graph(module.config, batch, seq)
-    return g, {"x": x, **{k: v.detach() for k, v in module.named_parameters()}}
+    return module, x, g, {"x": x, **{k: v.detach() for k, v in module.named_parameters()}}
 
 
 def random_plan(g, n, seed):
     rng = random.Random(seed)
+
     def cand(op):
         dec = rng.choice(decompositions(op, n))
         devs = list(range(n))
@@ -46,6 +69,17 @@ def random_plan(g, n, seed):
     return ch
 
 
+def plans(g, topo, n_random: int) -> dict[str, object]:
+    """name -> something `lower` accepts (a Plan, or a choice for graph g on topo)."""
+    from einsummable.optimize import named_plan, optimize
+    out: dict[str, object] = {"optimized": optimize(g, topo, time_limit_s=60)}
+    for name in NAMED:
+        out[name] = named_plan(g, topo, name)
+    for seed in range(n_random):
+        out[f"random{seed}"] = random_plan(g, topo.world_size, seed)
+    return out
+
+
 def pearson(a, b) -> float:
     ma, mb = statistics.fmean(a), statistics.fmean(b)
     cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
@@ -54,51 +88,103 @@ def pearson(a, b) -> float:
     return cov / (va * vb)
 
 
-def timed(fn, repeats):
-    fn()
-    ts = []
-    for _ in range(repeats):
+def interleaved(fns: dict[str, callable], rounds: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per function over `rounds` rounds that call each function once."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            got[k].append(fn())
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def wall(fn):
+    def timed() -> float:
         t0 = time.perf_counter()
         fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        return time.perf_counter() - t0
+    return timed
+
+
+def sim_vs_measured(args, topo) -> float:
+    module, x, g, ins = tiny(args.batch, args.seq)
+    n = topo.world_size
+    lows = {}
+    for name, p in plans(g, topo, args.random).items():
+        lows[name] = lower(p) if hasattr(p, "graph") else lower(g, p, topo)
+    sims = {k: simulate(low, topology=topo).time_s for k, low in lows.items()}
+    pools = Pools()
+    try:
+        pool = pools.get("gloo", n)
+        meas = interleaved({k: (lambda low=low: pool.time(low, ins)) for k, low in lows.items()},
+                           args.rounds)
+    finally:
+        pools.close()
+    print(f"llama-tiny b{args.batch} s{args.seq} on {topo.name} ({n} gloo ranks, "
+          f"{threads_per_rank(n)} thread(s) each); median of {args.rounds} interleaved rounds")
+    print(f"{'plan':>16} {'instrs':>7} {'simulated_ms':>13} {'measured_ms':>12} {'sim/meas':>9}")
+    for k, low in lows.items():
+        ni = sum(len(p.instrs) for p in low.programs)
+        print(f"{k:>16} {ni:7d} {sims[k] * 1e3:13.3f} {meas[k] * 1e3:12.3f} "
+              f"{sims[k] / meas[k]:9.3f}")
+    r = pearson(list(sims.values()), list(meas.values()))
+    print(f"pearson r = {r:.3f} over {len(lows)} plans (1 optimized, {len(NAMED)} named, "
+          f"{args.random} random)")
+    return r
+
+
+def one_rank(args) -> None:
+    """1-rank program vs eager torch of the same model at a few sizes."""
+    torch.set_num_threads(threads_per_rank(1))
+    print(f"\n1-rank program vs eager torch ({torch.get_num_threads()} threads); "
+          f"median of {args.rounds * 3} interleaved rounds")
+    print(f"{'size':>12} {'module_ms':>10} {'reference_ms':>13} {'local_ms':>9} {'gloo1_ms':>9}"
+          f" {'local/module':>13} {'gloo1/module':>13} {'local/reference':>16}")
+    pools = Pools()
+    try:
+        pool = pools.get("gloo", 1)
+        for batch, seq in args.sizes:
+            module, x, g, ins = tiny(batch, seq)
+            ch = {op.name: place(op, {}, [0]) for op in g.ops}
+            ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
+            low = lower(g, ch, synthetic(1))
+            with torch.no_grad():
+                fns = {"module": wall(lambda: module(x)), "reference": wall(lambda: evaluate(g, ins)),
+                       "local": wall(lambda: run_local(low, ins)),
+                       "gloo1": lambda: pool.time(low, ins)}
+                t = interleaved(fns, args.rounds * 3, warmup=2)
+            print(f"{f'b{batch} s{seq}':>12} {t['module'] * 1e3:10.3f} {t['reference'] * 1e3:13.3f}"
+                  f" {t['local'] * 1e3:9.3f} {t['gloo1'] * 1e3:9.3f} "
+                  f"{t['local'] / t['module']:13.3f} {t['gloo1'] / t['module']:13.3f} "
+                  f"{t['local'] / t['reference']:16.3f}")
+    finally:
+        pools.close()
+
+
+def _size(text: str) -> tuple[int, int]:
+    b, s = text.lower().split("x")
+    return int(b), int(s)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--topology", default="cpu4")
-    ap.add_argument("--plans", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--random", type=int, default=14, help="random plans besides the named ones")
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--sizes", type=_size, nargs="*", default=[(1, 32), (4, 64), (8, 128), (8, 256)],
+                    help="BxS sizes of the 1-rank comparison")
+    ap.add_argument("--skip-sim", action="store_true")
+    ap.add_argument("--skip-one-rank", action="store_true")
     args = ap.parse_args(argv)
-    topo = load_topology(args.topology)
-    g, ins = tiny(args.batch, args.seq)
-    n = topo.world_size
-    pools = Pools()
-    from einsummable.runtime.dist import run_dist
-    sims, meas = [], []
-    print(f"llama-tiny b{args.batch} s{args.seq} on {topo.name} ({n} gloo ranks)")
-    print(f"{'plan':>6} {'simulated_ms':>13} {'measured_ms':>12}")
-    try:
-        for seed in range(args.plans):
-            low = lower(g, random_plan(g, n, seed), topo)
-            sim = simulate(low, topology=topo).time_s
-            m = timed(lambda: run_dist(low, ins, backend="gloo", pools=pools), args.repeats)
-            sims.append(sim)
-            meas.append(m)
-            print(f"{seed:6d} {sim * 1e3:13.3f} {m * 1e3:12.3f}")
-    finally:
-        pools.close()
-    print(f"pearson r = {pearson(sims, meas):.3f} over {len(sims)} plans")
-    one = synthetic(1)
-    ch = {op.name: place(op, {}, [0]) for op in g.ops}
-    ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
-    low1 = lower(g, ch, one)
-    t_prog = timed(lambda: run_local(low1, ins), args.repeats * 4)
-    t_eager = timed(lambda: evaluate(g, ins), args.repeats * 4)
-    print(f"1-rank program {t_prog * 1e3:.3f} ms vs eager graph {t_eager * 1e3:.3f} ms: "
-          f"{t_prog / t_eager:.3f}x")
+    print(header(argv))
+    if not args.skip_sim:
+        sim_vs_measured(args, load_topology(args.topology))
+    if not args.skip_one_rank:
+        one_rank(args)
     return 0
 
 

@@ -131,12 +131,14 @@ def test_h100x8x2_levels_and_nics():
     assert t.resources_on_route(0, 9) == ("nic0.0:out",)
 
 
-def test_cpu4_is_placeholder_loopback():
+def test_cpu4_is_calibrated_loopback():
     t = load_topology("cpu4")
     assert "calibrate" in t.source_notes
     assert {l.kind for l in t.links} == {"loopback"}
-    assert t.devices[2].name == "rank2"
-    assert t.link(0, 1).bw == 2 * GB and t.link(0, 1).latency_s == 50e-6
+    assert t.devices[2].name == "rank2" and t.world_size == 4
+    # Measured figures: only plausible ranges (they change with the machine).
+    assert 1e7 < t.link(0, 1).bw < 1e12 and 0 < t.link(0, 1).latency_s < 1e-2
+    assert t.link(0, 1).bw == t.link(3, 2).bw
 
 
 # ---- round trip, synthetic, helpers ----

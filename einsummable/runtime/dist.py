@@ -38,6 +38,8 @@ WAIT_TIMEOUT_S: float = 30.0
 HEARTBEAT_S: float = 0.2
 # After a rank reports an error, how long the parent looks for a dead rank that caused it.
 DEATH_GRACE_S: float = 1.0
+# Message tags at and above this are the runtime's own (lowering numbers from 0 upwards).
+BARRIER_TAG: int = 1 << 30
 # How long the parent waits for a worker to start and join the process group.
 STARTUP_TIMEOUT_S: float = 120.0
 
@@ -135,6 +137,25 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
     return st.outputs
 
 
+def p2p_barrier(rank: int, world: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+    """Every rank leaves after every rank has arrived: a star through rank 0 built from
+    send/recv (collectives are forbidden), so timed runs start together."""
+    import torch.distributed as dist
+    if world == 1:
+        return
+    tmo = datetime.timedelta(seconds=timeout_s)
+    token = torch.zeros(1)
+    peers = range(1, world) if rank == 0 else (0,)
+    for phase in (0, 1):  # 0: everyone -> rank 0, 1: rank 0 -> everyone
+        into_root = phase == 0
+        ops = [dist.P2POp(dist.irecv if (rank == 0) == into_root else dist.isend, token, p,
+                          tag=BARRIER_TAG + phase) for p in peers]
+        for w in dist.batch_isend_irecv(ops):
+            if w.wait(tmo) is False:
+                raise RuntimeFault(f"rank {rank}: barrier timed out after {timeout_s:.0f} s",
+                                   fix="a peer rank died or stalled; see its error")
+
+
 def rank_blocks(low: Lowered, rank: int, inputs: Mapping[str, torch.Tensor],
                 only: set[str] | None = None) -> dict[tuple[str, tuple], torch.Tensor]:
     out = {}
@@ -147,6 +168,11 @@ def rank_blocks(low: Lowered, rank: int, inputs: Mapping[str, torch.Tensor],
 
 # --------------------------------------------------------------------------- worker pool
 
+def threads_per_rank(world: int) -> int:
+    """Torch threads a worker uses: the cores split evenly, at least one (calibrate matches)."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,7 +182,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
             no_collectives: bool) -> None:
     import torch.distributed as dist
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(threads_per_rank(world))
     try:
         device: Any = "cpu"
         if backend == "nccl":
@@ -183,16 +209,22 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
             continue
         if job is None:
             break
-        key, low_json, new_weights, acts, fault_after = job
+        key, low_json, new_weights, acts, fault_after, timed = job
         try:
             if low_json is not None:
                 plans[key] = Lowered.from_json(low_json)
                 weights[key] = {}
             weights[key].update(new_weights)
-            outs = execute(plans[key], rank, {**weights[key], **acts}, device,
-                           fault_after=fault_after)
+            blocks = {**weights[key], **acts}
+            if timed:  # start together, time only the program (not the job's transport)
+                p2p_barrier(rank, world)
+                t0 = time.perf_counter()
+            outs = execute(plans[key], rank, blocks, device, fault_after=fault_after)
             if backend == "nccl":
                 torch.cuda.synchronize()
+            if timed:
+                results.put((rank, "done", time.perf_counter() - t0))
+                continue
             results.put((rank, "done", {k: v.cpu() for k, v in outs.items()}))
         except Exception as e:  # noqa: BLE001
             msg = (str(e).split("\n  fix:")[0] if isinstance(e, RuntimeFault)
@@ -276,6 +308,16 @@ class Pool:
 
     def run(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
             fault: tuple[int, int] | None = None, limit_s: float = 600.0) -> dict[str, torch.Tensor]:
+        return self._submit(low, inputs, fault, limit_s, timed=False)[0]
+
+    def time(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
+             limit_s: float = 600.0) -> float:
+        """Seconds of one run of the programs alone: every rank starts after a p2p barrier
+        and the run lasts until the slowest rank ends (job transport excluded)."""
+        return max(self._submit(low, inputs, None, limit_s, timed=True).values())
+
+    def _submit(self, low: Lowered, inputs: Mapping[str, torch.Tensor],
+                fault: tuple[int, int] | None, limit_s: float, timed: bool) -> dict[int, Any]:
         if low.world_size != self.world_size:
             raise PlanError(f"the plan is for {low.world_size} ranks but the pool has "
                             f"{self.world_size}", fix=f"run with world_size={low.world_size}")
@@ -291,9 +333,8 @@ class Pool:
         for r in range(self.world_size):
             fa = fault[1] if fault is not None and fault[0] == r else None
             self._jobs[r].put((key, text if first else None, rank_blocks(low, r, inputs, stale),
-                               rank_blocks(low, r, inputs, acts), fa))
-        done = self._collect("done", limit_s)
-        return done[0]
+                               rank_blocks(low, r, inputs, acts), fa, timed))
+        return self._collect("done", limit_s)
 
     def close(self) -> None:
         for q in self._jobs:

@@ -1,16 +1,24 @@
 """Discrete-event timing of lowered programs on a topology.
 
-Each rank runs its program in order, as the dist executor does: a send starts a flow and the
-rank moves on; a receive is posted and the rank waits only when it reads the buffer. Work costs:
+Each rank runs its program in order, as the dist executor does, one instruction at a time (one
+thread per rank: work on a rank is serialised): a send starts a flow and the rank moves on; a
+receive is posted and the rank waits only when it reads the buffer. Every term comes from the
+topology (for cpu4: measured by `einsummable calibrate`):
 
-    compute   = launch + tuple_flops / peak(dtype)          tuple_flops = op.flops · tuple share
-    reduce    = launch + (inputs + 1) · bytes / mem_bw        (read every input, write one)
-    assemble  = launch + 2 · bytes / mem_bw                   (read the parts, write the block)
-    const     = bytes / mem_bw
+    overhead  = launch                     per instruction the runtime interprets (not Free/Output)
+    compute   = overhead + max(tuple_flops / peak(dtype), tuple_bytes / mem_bw)   (roofline:
+                matmuls are bound by the rate, elementwise ops by memory traffic)
+                tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
+    reduce    = overhead + (inputs + 1) · bytes / mem_bw       (read every input, write one)
+    assemble  = overhead + 2 · bytes / mem_bw                  (read the parts, write the block)
+    const     = overhead + bytes / mem_bw
+    send      = overhead (+ 2 · bytes / mem_bw to pack a strided slice before it leaves)
+    recv      = overhead                   slice, place: overhead (views, no copy)
 
 A flow crosses one link (lowering splits relayed transfers into hops). Flows on the same link
 resource share its bandwidth equally (progressive filling, recomputed at every start and end);
-a message is usable `latency` after its last byte leaves. Predicted time = the last rank's end.
+a message is usable `latency` (the per-message cost of one small send/recv) after its last byte
+leaves. Predicted time = the last rank's end.
 """
 from __future__ import annotations
 
@@ -103,6 +111,20 @@ def _numel(shape) -> int:
     return math.prod(shape)
 
 
+def charged(ins) -> bool:
+    """Whether the runtime pays its per-instruction overhead (`launch`) for `ins`: everything
+    but the bookkeeping of Free and Output."""
+    return not isinstance(ins, Free | Output)
+
+
+def contiguous_slice(shape, region) -> bool:
+    """A slice of a contiguous tensor is contiguous iff every dimension before the last one it
+    cuts has extent one."""
+    ext = [hi - lo for lo, hi in region]
+    cuts = [i for i, (e, n) in enumerate(zip(ext, shape)) if e != n]
+    return not cuts or all(e == 1 for e in ext[:cuts[-1]])
+
+
 def simulate_programs(low: Lowered, topology: Any) -> SimResult:
     from ..topology import load_topology
     topo = load_topology(topology)
@@ -119,23 +141,30 @@ def simulate_programs(low: Lowered, topology: Any) -> SimResult:
     net = _Network()
     blocked: dict[int, int] = {}  # rank -> tag it waits for
 
+    strided: list[set[int]] = [set() for _ in range(n)]  # bufs that are non-contiguous views
+
     def nbytes(r: int, b: int) -> int:
         elem, shape = shapes[r][b]
         return elem * _numel(shape)
 
     def cost(r: int, ins) -> float:
         dev = topo.devices[r]
+        overhead = dev.launch_s if charged(ins) else 0.0
         if isinstance(ins, Compute):
             op = ops[ins.op]
             share = math.prod(hi - lo for lo, hi in ins.ranges) / math.prod(op.size.values())
-            return dev.launch_s + op.flops * share / dev.peak(g.tensor(op.output).dtype)
+            flops_s = op.flops * share / dev.peak(g.tensor(op.output).dtype)
+            traffic = sum(nbytes(r, b) for b in ins.inputs) + nbytes(r, ins.out)
+            return overhead + max(flops_s, traffic / dev.mem_bw)
         if isinstance(ins, Reduce):
-            return dev.launch_s + (len(ins.inputs) + 1) * nbytes(r, ins.out) / dev.mem_bw
+            return overhead + (len(ins.inputs) + 1) * nbytes(r, ins.out) / dev.mem_bw
         if isinstance(ins, Assemble):
-            return dev.launch_s + 2 * nbytes(r, ins.out) / dev.mem_bw
+            return overhead + 2 * nbytes(r, ins.out) / dev.mem_bw
         if isinstance(ins, Const):
-            return nbytes(r, ins.out) / dev.mem_bw
-        return 0.0
+            return overhead + nbytes(r, ins.out) / dev.mem_bw
+        if isinstance(ins, Send) and ins.src in strided[r]:
+            return overhead + 2 * nbytes(r, ins.src) / dev.mem_bw
+        return overhead
 
     def record_shape(r: int, ins) -> None:
         if isinstance(ins, Place | Const):
@@ -147,7 +176,10 @@ def simulate_programs(low: Lowered, topology: Any) -> SimResult:
             shape = tuple(math.prod(rng[m][1] - rng[m][0] for m in grp) for grp in op.out_dims)
             shapes[r][ins.out] = (DTYPE_BYTES[g.tensor(op.output).dtype], shape)
         elif isinstance(ins, Slice):
+            src_shape = shapes[r][ins.src][1]
             shapes[r][ins.out] = (shapes[r][ins.src][0], tuple(b - a for a, b in ins.region))
+            if ins.src in strided[r] or not contiguous_slice(src_shape, ins.region):
+                strided[r].add(ins.out)
         elif isinstance(ins, Assemble):
             shapes[r][ins.out] = (DTYPE_BYTES[ins.dtype], ins.shape)
         elif isinstance(ins, Recv):

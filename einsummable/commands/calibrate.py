@@ -1,0 +1,302 @@
+"""`einsummable calibrate`: measure this machine with real gloo ranks, write a topology YAML.
+
+Every rank-local figure is measured with all ranks running at once, at the torch thread count
+the runtime gives each rank, because that is the condition the runtime's programs run under
+(ranks share cores and memory). Communication uses isend/irecv only, every wait bounded.
+
+    matmul rate     2 n^3 / t of an n x n matmul per dtype                 -> peak_flops
+    memory bw       3 · bytes / t of out = a + b on tensors far above cache  -> mem_bw
+    launch          seconds per instruction of the runtime on a 1-rank program of tiny ops
+    p2p latency     half the round trip of a 1-element message, median over all pairs
+    p2p bandwidth   bytes / (half round trip - latency) of a large message   -> loopback bw
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import queue
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+HELP = "measure this machine with gloo ranks and write a topology YAML (default topologies/cpu4.yaml)"
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class Effort:
+    """How long each measurement runs; `quick` is for tests, the default for real figures."""
+    matmul_n: int
+    matmul_n_half: int     # fp16/bf16 matmuls are far slower on most CPUs: smaller problem
+    mem_elems: int
+    msg_bytes: int
+    budget_s: float        # minimum timed span of one trial
+    trials: int
+    launch_ops: int
+
+
+FULL = Effort(matmul_n=512, matmul_n_half=256, mem_elems=1 << 23, msg_bytes=1 << 24,
+              budget_s=0.25, trials=5, launch_ops=200)
+QUICK = Effort(matmul_n=128, matmul_n_half=64, mem_elems=1 << 20, msg_bytes=1 << 20,
+               budget_s=0.01, trials=1, launch_ops=20)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Figures of one machine (per rank, except the link figures which are per pair)."""
+    world_size: int
+    threads_per_rank: int
+    peak_flops: dict[str, float]
+    mem_bw: float
+    mem_bytes: float
+    launch_s: float
+    p2p_bw: float
+    p2p_latency_s: float
+
+
+def _rate(fn: Callable[[], Any], work: float, effort: Effort) -> float:
+    """Work per second of `fn`, median of trials (each lasting at least the budget): the
+    median, not the best, since ranks contend for cores and the runtime sees that too."""
+    fn()
+    rates = []
+    for _ in range(effort.trials):
+        reps, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            reps += 1
+            dt = time.perf_counter() - t0
+            if dt >= effort.budget_s:
+                break
+        rates.append(work * reps / dt)
+    return statistics.median(rates)
+
+
+def _matmul_rates(effort: Effort) -> dict[str, float]:
+    out = {}
+    for name in DTYPES:
+        n = effort.matmul_n if name == "float32" else effort.matmul_n_half
+        dt = getattr(torch, name)
+        a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
+        c = torch.empty(n, n, dtype=dt)
+        out[name] = _rate(lambda: torch.matmul(a, b, out=c), 2.0 * n ** 3, effort)
+    return out
+
+
+def _mem_bw(effort: Effort) -> float:
+    a, b = torch.randn(effort.mem_elems), torch.randn(effort.mem_elems)
+    c = torch.empty_like(a)
+    return _rate(lambda: torch.add(a, b, out=c), 3.0 * a.numel() * a.element_size(), effort)
+
+
+def _launch_s(effort: Effort) -> float:
+    """Seconds per instruction of the runtime itself: a chain of elementwise ops on 4 floats,
+    lowered for one rank and run by the same RankState the executors use."""
+    from ..builder import Builder
+    from ..lower import lower
+    from ..placement import INPUT_PREFIX, input_op, place
+    from ..runtime.local import run_local
+    from ..topology import synthetic
+    b = Builder()
+    x = b.input("x", (4,))
+    y = x
+    for _ in range(effort.launch_ops):
+        y = y * 0.5 + x
+    g = b.build([y])
+    ch = {op.name: place(op, {}, [0]) for op in g.ops}
+    ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
+    low = lower(g, ch, synthetic(1))
+    n_instr = len(low.programs[0].instrs)
+    ins = {"x": torch.randn(4)}
+    return 1.0 / _rate(lambda: run_local(low, ins), n_instr, effort)
+
+
+def _pingpong(rank: int, peer: int, nbytes: int, effort: Effort, timeout: datetime.timedelta,
+              lead: bool) -> float:
+    """Median one-way seconds of `nbytes` between rank and peer (half a round trip)."""
+    import torch.distributed as dist
+    buf = torch.zeros(max(1, nbytes // 4))
+    reps = 8 if nbytes > 4096 else 64
+    times = []
+    for k in range(effort.trials * reps + 2):
+        t0 = time.perf_counter()
+        for turn in ((0, 1) if lead else (1, 0)):
+            op = dist.isend if turn == 0 else dist.irecv
+            w = op(buf, peer, tag=k * 2 + (turn ^ (not lead)))
+            if w.wait(timeout) is False:
+                raise TimeoutError(f"rank {rank}: ping-pong with {peer} timed out")
+        if k >= 2:
+            times.append((time.perf_counter() - t0) / 2)
+    return statistics.median(times)
+
+
+def _pairs_rounds(world: int) -> list[list[tuple[int, int]]]:
+    """Round-robin schedule: every pair once, each rank in at most one pair per round."""
+    ranks = list(range(world)) + ([None] if world % 2 else [])
+    m = len(ranks)
+    rounds = []
+    for _ in range(m - 1):
+        rounds.append([(a, b) for a, b in zip(ranks[:m // 2], reversed(ranks[m // 2:]))
+                       if a is not None and b is not None])
+        ranks = [ranks[0], ranks[-1]] + ranks[1:-1]
+    return rounds
+
+
+def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> None:
+    import torch.distributed as dist
+    from ..runtime.dist import WAIT_TIMEOUT_S, p2p_barrier, threads_per_rank
+    try:
+        threads = threads_per_rank(world)
+        torch.set_num_threads(threads)
+        timeout = datetime.timedelta(seconds=WAIT_TIMEOUT_S)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timeout)
+        p2p_barrier(rank, world)
+        flops = _matmul_rates(effort)
+        p2p_barrier(rank, world)
+        mem = _mem_bw(effort)
+        p2p_barrier(rank, world)
+        launch = _launch_s(effort)
+        lat, bw = [], []
+        for rnd in _pairs_rounds(world):
+            p2p_barrier(rank, world)
+            for a, b in rnd:
+                if rank in (a, b):
+                    peer = b if rank == a else a
+                    small = _pingpong(rank, peer, 4, effort, timeout, rank == a)
+                    big = _pingpong(rank, peer, effort.msg_bytes, effort, timeout, rank == a)
+                    lat.append(small)
+                    bw.append(effort.msg_bytes / max(big - small, 1e-9))
+        p2p_barrier(rank, world)
+        dist.destroy_process_group()
+        results.put((rank, "done", {"flops": flops, "mem": mem, "launch": launch,
+                                    "lat": lat, "bw": bw, "threads": threads}))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails cleanly
+        results.put((rank, "error", f"{type(e).__name__}: {e}"))
+
+
+def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measured:
+    import torch.multiprocessing as mp
+    from ..errors import RuntimeFault
+    from ..runtime.dist import _free_port
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_measure_rank, args=(r, world, port, effort, results),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, dict] = {}
+    deadline = time.monotonic() + limit_s
+    try:
+        while len(got) < world:
+            try:
+                rank, kind, payload = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in got]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeFault(f"calibration rank(s) {dead or 'all'} stopped answering",
+                                       fix="rerun; check that local TCP ports are usable")
+                continue
+            if kind == "error":
+                raise RuntimeFault(f"calibration rank {rank} failed: {payload}",
+                                   fix="rerun with fewer ranks or check the gloo setup")
+            got[rank] = payload
+    finally:
+        for p in procs:
+            p.join(5.0)
+            if p.is_alive():
+                p.kill()
+    med = statistics.median
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    lat = [x for g in got.values() for x in g["lat"]] or [0.0]
+    bw = [x for g in got.values() for x in g["bw"]] or [1.0]
+    return Measured(world, got[0]["threads"],
+                    {k: med(g["flops"][k] for g in got.values()) for k in DTYPES},
+                    med(g["mem"] for g in got.values()), float(pages // world),
+                    med(g["launch"] for g in got.values()), med(bw), med(lat))
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _time(s: float) -> str:
+    return f"{s * 1e6:.3g} us"
+
+
+def topology_yaml(m: Measured, name: str) -> str:
+    """The compact schema of topologies/cpu4.yaml, figures replaced by the measured ones."""
+    pf = ", ".join(f"{k}: {_si(m.peak_flops[k], 'FLOP/s')}" for k in DTYPES)
+    return (f"name: {name}\n"
+            f"source_notes: |\n"
+            f"  Measured by `einsummable calibrate` with {m.world_size} gloo ranks at "
+            f"{m.threads_per_rank} torch thread(s)\n"
+            f"  each, all ranks running at once (the condition the runtime's programs run in).\n"
+            f"device_types:\n"
+            f"  cpu:\n"
+            f"    peak_flops: {{{pf}}}\n"
+            f"    mem_bw: {_si(m.mem_bw, 'B/s')}\n"
+            f"    mem_bytes: {_si(m.mem_bytes, 'B')}\n"
+            f"    launch: {_time(m.launch_s)}\n"
+            f"nodes: {{count: 1, devices_per_node: {m.world_size}, device_type: cpu, "
+            f"name: \"rank{{id}}\"}}\n"
+            f"links:\n"
+            f"  - {{kind: loopback, pairs: all, bw: {_si(m.p2p_bw, 'B/s')}, "
+            f"latency: {_time(m.p2p_latency_s)}}}\n"
+            f"levels:\n"
+            f"  - {{name: rank, groups: per_device}}\n")
+
+
+def render(m: Measured, name: str, command: str) -> str:
+    import yaml
+    from ..topology import Topology
+    body = topology_yaml(m, name)
+    Topology.from_dict(yaml.safe_load(body), "calibrate")  # the file we write must load
+    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    head = (f"# {m.world_size} local CPU ranks talking gloo over loopback (tests, the CPU demo).\n"
+            f"# MEASURED on this machine ({os.cpu_count()} cores, torch {torch.__version__}) "
+            f"at {stamp}\n# by: {command}\n")
+    return head + body
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=int, default=4, help="gloo ranks to measure with")
+    p.add_argument("--out", default=None,
+                   help="topology YAML to write (default: print it, do not write)")
+    p.add_argument("--name", default=None, help="topology name (default: cpu<world-size>)")
+    p.add_argument("--quick", action="store_true", help="very short measurement (tests)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..errors import PlanError
+    if args.world_size < 1:
+        raise PlanError(f"--world-size must be >= 1, got {args.world_size}",
+                        fix="pass the number of local ranks, e.g. --world-size 4")
+    m = measure(args.world_size, QUICK if args.quick else FULL)
+    command = "einsummable calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 \
+        else f"einsummable calibrate --world-size {args.world_size}"
+    text = render(m, args.name or f"cpu{args.world_size}", command)
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.json:
+        print(json.dumps({"measured": asdict(m), "out": args.out, "yaml": text},
+                         sort_keys=True))
+    elif not args.out:
+        print(text, end="")
+    else:
+        print(f"wrote {args.out}: matmul fp32 {_si(m.peak_flops['float32'], 'FLOP/s')}, "
+              f"memory {_si(m.mem_bw, 'B/s')}, launch {_time(m.launch_s)}, p2p "
+              f"{_si(m.p2p_bw, 'B/s')} / {_time(m.p2p_latency_s)} per rank")
+    return 0
