@@ -328,6 +328,41 @@ def test_block_stacks():
     check(m, x)
 
 
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny", "mistral-tiny"])
+def test_meta_capture_equals_cpu_capture(name):
+    """Shapes alone decide the graph: a meta module gives the same graph, byte for byte."""
+    cpu = trace(*_module_and_args(name, "cpu"))
+    meta = trace(*_module_and_args(name, "meta"))
+    assert cpu.to_json() == meta.to_json()
+
+
+def _module_and_args(name, device):
+    m, (x,) = preset(name, batch=2, seq=8, device=device)
+    return m, (x,)
+
+
+def test_bfloat16_block():
+    m, (x,) = preset("llama-tiny", batch=2, seq=8, dtype=torch.bfloat16)
+    g = trace(m, (x,))
+    assert g.tensor("attention.wq.weight").dtype == "bfloat16"
+    assert g.tensor(g.outputs[0]).dtype == "bfloat16"
+    out = evaluate(g, bind(g, m, (x,)))[g.outputs[0]]
+    assert _rel(out.float(), m(x).float()) < 3e-2  # bf16 rounding, different fusion order
+
+
+def test_kwargs_and_several_outputs():
+    class Two(nn.Module):
+        def forward(self, x, *, y):
+            return x * y, (x + y).sum(-1)
+    args, kwargs = (r(3, 4),), {"y": r(4)}
+    g = trace(Two(), args, kwargs)
+    assert [(t.name, t.kind) for t in g.inputs] == [("x", "input"), ("y", "input")]
+    outs = evaluate(g, bind(g, Two(), args, kwargs))
+    ref = Two()(*args, **kwargs)
+    for name, want in zip(g.outputs, ref):
+        assert _rel(outs[name], want) <= TOL
+
+
 def test_mlps():
     # the bias add fuses into the activation; the last layer's bias is its own map
     check(MLP([16, 32, 32, 8], act="relu"), r(4, 16), max_ops=6)

@@ -21,6 +21,7 @@ from ..scalar import Expr, arg, call, const
 from . import fold
 from .values import (Folded, Lazy, Leaf, SliceVal, Value, View, fresh_view, reshape)
 
+FLOATS = ("float32", "float16", "bfloat16", "float64")
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 Binding = tuple[int | None, ...]  # per logical dim of an operand: its axis (None: size 1)
 
@@ -378,8 +379,7 @@ class Emitter:
         sizes = {i: s for i, s in enumerate(shape)}
         sizes[dim], sizes[rank], sizes[rank + 1] = K, L, J
         src_axes = list(range(dim)) + [dim, rank] + list(range(dim + 1, rank))
-        m = self.literal(mat, src.dtype if src.dtype.startswith("float") else "float32",
-                         stem="select")
+        m = self.literal(mat, src.dtype if src.dtype in FLOATS else "float32", stem="select")
         groups = [[i] for i in range(dim)] + [[rank + 1, rank]] + [[i] for i in
                                                                     range(dim + 1, rank)]
         return self.contract([(v, src_axes), (m, [dim, rank + 1])], sizes, [], src.dtype,
