@@ -18,7 +18,6 @@ import json
 import os
 import queue
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -285,8 +284,8 @@ def main(args: argparse.Namespace) -> int:
         raise PlanError(f"--world-size must be >= 1, got {args.world_size}",
                         fix="pass the number of local ranks, e.g. --world-size 4")
     m = measure(args.world_size, QUICK if args.quick else FULL)
-    command = "einsummable calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 \
-        else f"einsummable calibrate --world-size {args.world_size}"
+    command = (f"einsummable calibrate --world-size {args.world_size}"
+               + (f" --out {args.out}" if args.out else "") + (" --quick" if args.quick else ""))
     text = render(m, args.name or f"cpu{args.world_size}", command)
     if args.out:
         Path(args.out).write_text(text)

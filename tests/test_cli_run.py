@@ -1,0 +1,55 @@
+"""CLI `run` (a tiny plan, checked against the reference, --json) and `calibrate --quick`."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from einsummable.builder import Builder
+from einsummable.cli import main as cli
+from einsummable.optimize import optimize
+from einsummable.topology import Topology, load_topology
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory) -> str:
+    """A tiny plan on the (calibrated) cpu4 topology: a matmul and an elementwise op."""
+    b = Builder()
+    x = b.input("x", (8, 16))
+    w = b.weight("w", (16, 12))
+    y = b.einsum("ij,jk->ik", x, w).silu()
+    plan = optimize(b.build([y]), load_topology("cpu4"), cache=False)
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    path.write_text(plan.to_json())
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", ["local", "gloo"])
+def test_run_checks_a_tiny_plan(plan_path, backend, capsys):
+    code = cli(["run", plan_path, "--backend", backend, "--check", "--json", "--repeats", "1"])
+    out = json.loads(capsys.readouterr().out)  # exactly one JSON object, nothing else
+    assert code == 0
+    assert out["ok"] and out["max_rel_error"] < 1e-4 and out["time_s"] > 0
+    assert out["world_size"] == 4 and out["backend"] == backend
+
+
+def test_run_rejects_a_world_size_mismatch(plan_path, capsys):
+    assert cli(["run", plan_path, "--world-size", "3"]) == 2
+    assert "4 ranks" in capsys.readouterr().err
+
+
+def test_calibrate_quick_writes_a_loadable_topology(tmp_path, capsys):
+    out = tmp_path / "cpu2.yaml"
+    t0 = time.perf_counter()
+    code = cli(["calibrate", "--world-size", "2", "--quick", "--out", str(out), "--json"])
+    assert time.perf_counter() - t0 < 20.0
+    assert code == 0
+    got = json.loads(capsys.readouterr().out)
+    text = out.read_text()
+    assert text.startswith("#") and "MEASURED" in text and "calibrate" in text
+    topo = Topology.from_dict(yaml.safe_load(text))
+    assert topo.world_size == 2 and topo.link(0, 1).bw == pytest.approx(got["measured"]["p2p_bw"],
+                                                                      rel=0.01)
+    assert topo.devices[0].launch_s > 0 and topo.devices[0].peak("float32") > 1e6
