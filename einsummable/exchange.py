@@ -38,7 +38,14 @@ reduce time (inputs read and output written at the device's memory bandwidth).
 
 *Naive mode* (the baseline): the first holder ("owner") of each needed region sends it straight
 to every reader over the direct link where one exists, and every reader folds all partial
-slices itself; no relays, no trees.
+slices itself; no relays, no trees. On machines whose unlinked GPU pairs have a slow host-staged
+fallback (DGX-1: QPI/PCIe) that is what point-to-point NCCL does, and it is the default.
+
+*naive-routed*: the same owner-to-every-reader sends and reader-side folds, but each message
+takes the topology's fastest route (relayed over NVLink where that beats the fallback), as a
+framework that picks routes per pair would. It isolates what the synthesis itself adds (nearest
+sources, delivered blocks reused as sources so a block crosses a slow link once, partial-sum
+trees, link-safe rounds) from route choice.
 """
 from __future__ import annotations
 
@@ -51,7 +58,8 @@ from .ir import DTYPE_BYTES, TensorInfo
 from .placement import Piece
 from .spec import Region, intersect
 
-MODES = ("optimized", "naive")
+MODES = ("optimized", "naive", "naive-routed")
+NAIVE_MODES = ("naive", "naive-routed")
 # Source order uses the time of a message of this size: large enough that bandwidth dominates.
 RANK_REFERENCE_BYTES: float = float(1 << 20)
 
@@ -145,6 +153,7 @@ class _Builder:
         self.info = info
         self.topo = topology
         self.mode = mode
+        self.naive = mode in NAIVE_MODES
         self.elem = DTYPE_BYTES[info.dtype]
         self.transfers: list[Transfer] = []
         self.reduces: list[Reduce] = []
@@ -242,7 +251,7 @@ def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tupl
 def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
           needs: Iterable[tuple[Region, int]]) -> None:
     """Cover each need from full sources (region, device, ready round), nearest first."""
-    naive = b.mode == "naive"
+    naive = b.naive
     owned = list(sources)
     for q, d in dict.fromkeys(needs):
         pool = owned if naive else sources
@@ -293,7 +302,7 @@ def _reduce_partials(b: _Builder, produced: Sequence[Piece], needs: Sequence[tup
                 if d not in readers[x]:
                     readers[x].append(d)
         for x, devs in readers.items():
-            if b.mode == "naive":
+            if b.naive:
                 for d in devs:
                     full.append((x, d, _fold_direct(b, x, d, holders)))
                 continue

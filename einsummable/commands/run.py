@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ranks (default: the plan's topology size; must match it)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--repeats", type=int, default=3, help="timed runs (median reported)")
-    p.add_argument("--mode", choices=("optimized", "naive"), default="optimized",
+    p.add_argument("--mode", choices=("optimized", "naive", "naive-routed"), default="optimized",
                    help="exchange synthesis mode")
     p.add_argument("--check", action="store_true", help="compare with the reference evaluator")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
