@@ -150,9 +150,10 @@ def one_rank(args) -> None:
             ch = {op.name: place(op, {}, [0]) for op in g.ops}
             ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
             low = lower(g, ch, synthetic(1))
+            consts: dict = {}  # constant blocks (masks, rotary tables) generated once per plan
             with torch.no_grad():
                 fns = {"module": wall(lambda: module(x)), "reference": wall(lambda: evaluate(g, ins)),
-                       "local": wall(lambda: run_local(low, ins)),
+                       "local": wall(lambda: run_local(low, ins, consts=consts)),
                        "gloo1": lambda: pool.time(low, ins)}
                 t = interleaved(fns, args.rounds * 3, warmup=2)
             print(f"{f'b{batch} s{seq}':>12} {t['module'] * 1e3:10.3f} {t['reference'] * 1e3:13.3f}"

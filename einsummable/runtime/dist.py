@@ -69,11 +69,12 @@ def forbid_collectives() -> None:
 
 def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Tensor],
             device: torch.device | str = "cpu", timeout_s: float = WAIT_TIMEOUT_S,
-            fault_after: int | None = None) -> dict[str, torch.Tensor]:
-    """Run rank `rank`'s program; `blocks[(tensor, region)]` are its Place inputs."""
+            fault_after: int | None = None, consts: dict | None = None) -> dict[str, torch.Tensor]:
+    """Run rank `rank`'s program; `blocks[(tensor, region)]` are its Place inputs; `consts`
+    caches constant blocks across runs of the same plan."""
     import torch.distributed as dist
     prog = low.programs[rank]
-    st = RankState(low, prog, {}, device)
+    st = RankState(low, prog, {}, device, consts)
     st.place = lambda tensor, region: blocks[(tensor, tuple(region))].to(device)  # type: ignore
     wait_for: dict[int, list] = {}     # buf -> works that fill it
     sends: list[tuple[Any, torch.Tensor]] = []
@@ -199,6 +200,7 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
         return
     plans: dict[str, Lowered] = {}
     weights: dict[str, dict] = {}
+    consts: dict[str, dict] = {}
     parent = os.getppid()
     while True:
         try:
@@ -213,13 +215,14 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
         try:
             if low_json is not None:
                 plans[key] = Lowered.from_json(low_json)
-                weights[key] = {}
+                weights[key], consts[key] = {}, {}
             weights[key].update(new_weights)
             blocks = {**weights[key], **acts}
             if timed:  # start together, time only the program (not the job's transport)
                 p2p_barrier(rank, world)
                 t0 = time.perf_counter()
-            outs = execute(plans[key], rank, blocks, device, fault_after=fault_after)
+            outs = execute(plans[key], rank, blocks, device, fault_after=fault_after,
+                           consts=consts[key])
             if backend == "nccl":
                 torch.cuda.synchronize()
             if timed:

@@ -23,8 +23,11 @@ class RankState:
     """One rank's buffers while its program runs; shared by the local and dist executors."""
 
     def __init__(self, low: Lowered, prog: Program, inputs: Mapping[str, torch.Tensor],
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", consts: dict | None = None) -> None:
         self.low, self.prog, self.inputs, self.device = low, prog, inputs, device
+        # Constant blocks depend on the plan only: a caller that runs a plan again passes the
+        # same dict and they are generated once (programs never write into a buffer in place).
+        self.consts: dict = {} if consts is None else consts
         self.graph = low.graph
         self.bufs: dict[int, torch.Tensor] = {}
         self.outputs: dict[str, torch.Tensor] = {}
@@ -39,8 +42,13 @@ class RankState:
         if isinstance(ins, Place):
             self.bufs[ins.out] = self.place(ins.tensor, ins.region)
         elif isinstance(ins, Const):
-            info = g.tensor(ins.tensor)
-            self.bufs[ins.out] = materialize(g.constant[ins.tensor], info, ins.region, self.device)
+            key = (ins.tensor, ins.region)
+            block = self.consts.get(key)
+            if block is None:
+                info = g.tensor(ins.tensor)
+                block = materialize(g.constant[ins.tensor], info, ins.region, self.device)
+                self.consts[key] = block
+            self.bufs[ins.out] = block
         elif isinstance(ins, Compute):
             op = self._ops[ins.op]
             out = evaluate_op(op, [self.get(i) for i in ins.inputs], dict(zip(op.modes, ins.ranges)))
@@ -69,9 +77,14 @@ class RankState:
         return self.inputs[tensor][_sl(region)].to(device=self.device, dtype=dtype)
 
 
-def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
+              consts: dict | None = None) -> dict[str, torch.Tensor]:
+    """Outputs of every rank's program run in this process. `consts`: a dict kept by the
+    caller across runs of the same plan, so constant blocks are generated once."""
     check_inputs(low.graph, inputs)
-    ranks = [RankState(low, p, inputs) for p in low.programs]
+    cache = {} if consts is None else consts
+    ranks = [RankState(low, p, inputs, consts=cache.setdefault(p.rank, {}))
+             for p in low.programs]
     pcs = [0] * len(ranks)
     mail: dict[int, torch.Tensor] = {}
     while True:
