@@ -23,7 +23,11 @@ Pruning (each rule keeps the named strategies' choices and the plans we know to 
   most `CHEAP_INTENSITY` FLOP per byte (elementwise, reductions, views) and whose output is no
   larger than the largest activation input (norms and residual adds, not attention scores),
   and for graph inputs whose layout is free; a replicated matmul repeats the expensive part;
-- at most `MAX_SPLIT_MODES` modes split per level (3: enough for a 3D matmul);
+- at most `MAX_SPLIT_MODES` modes split per level (3: enough for a 3D matmul); on a machine
+  with several levels, the slow levels split one mode and never replicate ops (traffic across
+  them is what a plan must avoid; data parallel or one feature split is what pays there), and
+  the fastest level splits at most `MULTI_LEVEL_FAST_SPLIT_MODES` modes and replicates over
+  the whole level or not at all;
 - with weights="sharded" a weight's layout never replicates, so each byte is stored once.
 """
 from __future__ import annotations
@@ -41,6 +45,8 @@ from .spec import decompositions, is_legal
 
 CHEAP_INTENSITY = 16.0   # FLOP per byte touched; matmuls of model widths are in the hundreds
 MAX_SPLIT_MODES = 3
+SLOW_LEVEL_SPLIT_MODES = 1
+MULTI_LEVEL_FAST_SPLIT_MODES = 2
 REPLICATE_MAX_OUTPUT_RATIO = 1.0  # replicated ops: output at most the residual stream's size
 ROLES = ("batch", "seq", "hidden", "feature", "inner", "unit")
 TOKEN_ROLES = ("batch", "seq")
@@ -209,12 +215,20 @@ def _op_candidates(op: Op, topology, replicate: bool, forbidden: frozenset[str],
     fan = topology.fanouts()
     names = [lv.name for lv in topology.levels]
     per_level = []
-    for f in fan:
+    multi = len(fan) > 1
+    for lv, f in enumerate(fan):
+        slow = lv < len(fan) - 1
+        cap = max_split
+        if multi and max_split == MAX_SPLIT_MODES:
+            cap = SLOW_LEVEL_SPLIT_MODES if slow else MULTI_LEVEL_FAST_SPLIT_MODES
+        rep = replicate and not (slow and not op.name.startswith(INPUT_PREFIX))
         decs = []
-        for dec in decompositions(op, f, replication=replicate):
+        for dec in decompositions(op, f, replication=rep):
             split = dec.split_modes()
-            if forbidden.intersection(split) or len(split) > max_split:
+            if forbidden.intersection(split) or len(split) > cap:
                 continue
+            if multi and 1 < dec.n_tuples < f and max_split == MAX_SPLIT_MODES:
+                continue  # several levels: replicate a level fully or not at all
             decs.append(tuple((m, p) for m, p in dec.parts if p > 1))
         per_level.append(decs)
     cands: list[Candidate] = []

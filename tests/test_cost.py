@@ -1,0 +1,130 @@
+"""The cost model: named compute terms, and edge prices that are the exchange synthesiser's."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from einsummable.builder import Builder
+from einsummable.cost import (CostModel, EdgePricer, FastTopology, compute_cost, consumer_needs,
+                              edge_cost, finished_needs)
+from einsummable.exchange import exchange_time, link_bytes, synthesize
+from einsummable.placement import output_layout, place
+from einsummable.topology import load_topology, synthetic
+
+
+def _matmul(m=512, k=1024, n=256, dtype="float16"):
+    b = Builder(dtype)
+    x = b.input("x", (m, k))
+    w = b.weight("w", (k, n))
+    y = b.einsum("mk,kn->mn", x, w)
+    z = y.relu()
+    return b.build([z])
+
+
+def test_compute_terms_are_named_and_roofline():
+    g = _matmul()
+    topo = synthetic(2)
+    op = g.ops[0]
+    model = CostModel()
+    c = compute_cost(op, place(op, {}, [0]), g, topo, model)
+    dev = topo.devices[0]
+    flops = 2 * 512 * 1024 * 256
+    assert c.flop_s == pytest.approx(flops / (dev.peak("float16") * model.flop_efficiency))
+    touched = 2 * (512 * 1024 + 1024 * 256 + 512 * 256)
+    assert c.memory_s == pytest.approx(touched / (dev.mem_bw * model.mem_efficiency))
+    assert c.launch_s == dev.launch_s and c.kernels == 1
+    assert c.total_s == pytest.approx(max(c.flop_s, c.memory_s) + c.launch_s)
+
+
+def test_split_halves_the_work_and_replication_does_not():
+    g = _matmul()
+    topo = synthetic(2)
+    op = g.ops[0]
+    whole = compute_cost(op, place(op, {}, [0]), g, topo)
+    split = compute_cost(op, place(op, {"m": 2}, [0, 1]), g, topo)
+    repl = compute_cost(op, place(op, {}, [0, 1]), g, topo)
+    assert split.flop_s == pytest.approx(whole.flop_s / 2)
+    assert repl.total_s == pytest.approx(whole.total_s)
+
+
+def test_views_are_free():
+    b = Builder("float32")
+    x = b.input("x", (4, 6))
+    y = x.reshape(2, 2, 6)
+    g = b.build([y])
+    op = g.ops[0]
+    assert op.is_view
+    assert compute_cost(op, place(op, {}, [0]), g, synthetic(2)).total_s == 0.0
+
+
+@pytest.mark.parametrize("topo_name", ["a100x8", "dgx1-v100", "pcie4-numa"])
+def test_edge_price_is_the_synthesised_exchange(topo_name):
+    topo = load_topology(topo_name)
+    n = topo.world_size
+    g = _matmul(m=64, k=128, n=32)
+    mm, relu = g.ops
+    devs = list(range(n))
+    info = g.tensor(mm.output)
+    pricer = EdgePricer(topo)
+    for pc in (place(mm, {"k": n}, devs), place(mm, {"m": n}, devs), place(mm, {"n": 2, "k": n // 2}, devs)):
+        for cc in (place(relu, {"a": n}, devs), place(relu, {"b": 2}, devs[:2] if False else devs),
+                   place(relu, {}, devs)):
+            got = edge_cost(info, mm, pc, relu, cc, pricer)
+            ex = synthesize(info, output_layout(mm, pc), consumer_needs(relu, cc, mm.output),
+                            mm.agg, topo)
+            assert got.seconds == exchange_time(ex, topo)
+            assert got.nbytes == ex.nbytes == sum(
+                t.nbytes for t in ex.transfers)
+            assert sum(link_bytes(ex, topo).values()) >= got.nbytes
+
+
+def test_same_layout_is_free_and_partials_are_not():
+    topo = synthetic(4)
+    g = _matmul(m=64, k=128, n=32)
+    mm, relu = g.ops
+    info = g.tensor(mm.output)
+    pricer = EdgePricer(topo)
+    devs = [0, 1, 2, 3]
+    same = edge_cost(info, mm, place(mm, {"m": 4}, devs), relu, place(relu, {"a": 4}, devs), pricer)
+    assert same.seconds == 0.0 and same.nbytes == 0
+    partial = edge_cost(info, mm, place(mm, {"k": 4}, devs), relu, place(relu, {"a": 4}, devs),
+                        pricer)
+    assert partial.seconds > 0 and partial.nbytes > 0
+    # folding a partial output where it lies costs an exchange too
+    lay = output_layout(mm, place(mm, {"k": 4}, devs))
+    assert pricer.price(info, lay, finished_needs(lay), "sum").seconds > 0
+
+
+def test_fast_topology_answers_like_the_topology():
+    topo = load_topology("dgx1-v100")
+    fast = FastTopology(topo)
+    for a in range(topo.world_size):
+        for b in range(topo.world_size):
+            assert fast.link(a, b) == topo.link(a, b)
+            assert fast.has_direct(a, b) == topo.has_direct(a, b)
+            if a != b:
+                assert fast.hops(a, b) == topo.hops(a, b)
+    assert fast.name == topo.name and fast.world_size == topo.world_size
+
+
+def test_parallel_prefetch_matches_serial(monkeypatch):
+    topo = synthetic(4)
+    g = _matmul(m=64, k=128, n=32)
+    mm, relu = g.ops
+    info = g.tensor(mm.output)
+    devs = [0, 1, 2, 3]
+    from einsummable.spec import decompositions
+    keys = []
+    for d1 in decompositions(mm, 4):
+        for d2 in decompositions(relu, 4):
+            pc, cc = place(mm, d1.part, devs), place(relu, d2.part, devs)
+            keys.append(EdgePricer.key(info, output_layout(mm, pc),
+                                       consumer_needs(relu, cc, mm.output), mm.agg))
+    serial = EdgePricer(topo, workers=1)
+    serial.prefetch(keys)
+    par = EdgePricer(topo, workers=2)
+    monkeypatch.setattr("einsummable.cost.PARALLEL_MIN_PAIRS", 1)
+    par.prefetch(keys)
+    assert all(serial._memo[k] == par._memo[k] for k in keys)
+    assert not math.isnan(sum(v.seconds for v in serial._memo.values()))

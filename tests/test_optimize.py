@@ -1,0 +1,207 @@
+"""The optimizer: MIP optimality against exhaustive search, plans, caching, rediscovery."""
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+import formulations as fm
+from einsummable.builder import Builder
+from einsummable.candidates import OpCandidates, graph_candidates
+from einsummable.errors import PlanError
+from einsummable.plan import Plan
+from einsummable.topology import load_topology, synthetic
+
+import einsummable.optimize  # noqa: F401  (the package re-exports a function of this name)
+O = sys.modules["einsummable.optimize"]
+
+EXHAUSTIVE_LIMIT = 4000
+
+
+def _random_graph(rng: random.Random):
+    """Up to 6 ops: matmuls, elementwise maps and reductions over small 2-D tensors."""
+    b = Builder("float16")
+    sizes = [4, 8, 16]
+    m, k = rng.choice(sizes), rng.choice(sizes)
+    x = b.input("x", (m, k))
+    live = [x]
+    n_ops = rng.randint(1, 6)
+    while len(b._ops) < n_ops:
+        kind = rng.choice(["matmul", "map", "add", "sum"])
+        t = rng.choice(live)
+        if kind == "matmul":
+            w = b.weight(f"w{len(b._ops)}", (t.shape[1], rng.choice(sizes)))
+            y = b.einsum("ij,jk->ik", t, w)
+        elif kind == "map":
+            y = t.relu()
+        elif kind == "add":
+            same = [u for u in live if u.shape == t.shape]
+            y = t + rng.choice(same)
+        else:
+            y = t.sum(1, keepdim=True) * 1.0 if t.shape[1] > 1 else t.relu()
+        live.append(y)
+    return b.build([live[-1]])
+
+
+def _truncate(nodes, rng: random.Random, budget: int):
+    """Keep a few candidates per node (always the same for a seed) so enumeration is small."""
+    keys = list(nodes)
+    per = max(1, int(budget ** (1 / max(1, len(keys)))))
+    out = {}
+    for k in keys:
+        oc = nodes[k]
+        idx = sorted(rng.sample(range(len(oc.cands)), min(len(oc.cands), max(2, per))))
+        out[k] = OpCandidates(k, oc.op, tuple(oc.cands[i] for i in idx),
+                              tuple(oc.level_parts[i] for i in idx))
+    return out
+
+
+TOPOLOGIES = [("synthetic2", lambda: synthetic(2)), ("synthetic4x2", lambda: synthetic(4, nodes=2)),
+              ("cpu4", lambda: load_topology("cpu4")), ("pcie4-numa", lambda: load_topology("pcie4-numa")),
+              ("synthetic8", lambda: synthetic(8)), ("dgx1-v100", lambda: load_topology("dgx1-v100"))]
+
+
+def test_mip_equals_exhaustive_on_200_random_graphs():
+    rng = random.Random(0)
+    topos = [(n, f()) for n, f in TOPOLOGIES]
+    checked = 0
+    for trial in range(200):
+        name, topo = topos[trial % len(topos)]
+        g = _random_graph(rng)
+        opts = O.Options(weights=rng.choice(["sharded", "free"]),
+                         steady_state=rng.random() < 0.3 and any(
+                             g.tensor(y).shape == g.tensor("x").shape for y in g.outputs))
+        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
+        model = O.build_model(g, topo, opts, nodes)
+        problem = O.to_problem(model)
+        mip = fm.solve(problem)
+        ex = fm.exhaustive(problem)
+        # equal up to the solver's feasibility tolerance (HiGHS: 1e-7 relative on scaled costs)
+        assert mip.objective == pytest.approx(ex.objective, rel=1e-6, abs=1e-15), (trial, name)
+        assert mip.gap == pytest.approx(0.0, abs=1e-6)
+        assert model.objective(mip.assignment) == pytest.approx(mip.objective, rel=1e-12)
+        checked += 1
+    assert checked == 200
+
+
+def _mlp(tokens, d=4096, f=16384):
+    b = Builder("float16")
+    x = b.input("x", (tokens, d))
+    w1 = b.weight("w1", (d, f))
+    w2 = b.weight("w2", (f, d))
+    h = b.einsum("td,df->tf", x, w1, name="up").relu()
+    y = b.einsum("tf,fd->td", h, w2, name="down")
+    return b.build([y])
+
+
+def _split(plan, key):
+    return {m for m, p in plan.candidate(key).parts if p > 1}
+
+
+def test_few_tokens_rediscover_megatron_column_then_row(tmp_path):
+    plan = O.optimize(_mlp(64), "a100x8", steady_state=True, cache=tmp_path)
+    assert _split(plan, "up") == {"f"}        # column parallel: the weight's output features
+    assert _split(plan, "down") == {"f"}      # row parallel: the contraction, partial sums
+    assert plan.gap == pytest.approx(0.0, abs=1e-9)
+
+
+def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
+    plan = O.optimize(_mlp(65536), "a100x8", cache=tmp_path)
+    assert _split(plan, "up") == {"t"} and _split(plan, "down") == {"t"}
+    # weights stay stored once (sharded) and are gathered by the ops: FSDP-like
+    for w in ("w1", "w2"):
+        cand = plan.layout_of_input(w)
+        assert all(len(ds) == 1 for ds in cand.devices)
+        assert len({d for ds in cand.devices for d in ds}) == 8
+
+
+@pytest.mark.xfail(reason="the exchange round model prices 2D splits below 3D on shipped "
+                          "topologies (per-device port contention is not modelled)", strict=False)
+def test_square_matmul_chain_splits_three_modes(tmp_path):
+    b = Builder("float16")
+    x = b.weight("A", (8192, 8192))
+    for i in range(2):
+        x = b.einsum("ik,kj->ij", x, b.weight(f"W{i}", (8192, 8192)), name=f"mm{i}")
+    plan = O.optimize(b.build([x]), "a100x8", cache=tmp_path)
+    assert any(len(_split(plan, f"mm{i}")) == 3 for i in range(2))
+
+
+def test_traffic_stays_inside_nodes_on_two_nodes(tmp_path):
+    from einsummable.exchange import link_bytes, synthesize
+    topo = synthetic(8, nodes=2)
+    g = _mlp(4096, d=1024, f=4096)
+    plan = O.optimize(g, topo, steady_state=True, cache=tmp_path)
+    model = O.build_model(g, topo, O.Options("sharded", True),
+                          O._restricted(g, topo, O.Options("sharded", True), plan.chosen))
+    inside = across = 0
+    for e in model.edges:
+        src, dst = model.nodes[e.src], model.nodes[e.dst]
+        from einsummable.placement import output_layout
+        from einsummable.cost import consumer_needs, finished_needs
+        lay = output_layout(src.op, src.cands[0])
+        needs = finished_needs(output_layout(dst.op, dst.cands[0])) if e.kind == "steady" \
+            else consumer_needs(dst.op, dst.cands[0], e.tensor)
+        ex = synthesize(g.tensor(e.tensor), lay, needs, src.op.agg, topo)
+        for (a, c), nb in link_bytes(ex, topo).items():
+            if topo.node_of(a) == topo.node_of(c):
+                inside += nb
+            else:
+                across += nb
+    assert across <= inside
+
+
+def test_objective_is_plan_cost_and_json_round_trips(tmp_path):
+    g = _mlp(256, d=512, f=1024)
+    topo = load_topology("a100x8")
+    plan = O.optimize(g, topo, steady_state=True, cache=False)
+    assert O.plan_cost(g, topo, plan.chosen, steady_state=True) == plan.objective_s
+    text = plan.to_json()
+    again = Plan.from_json(text)
+    assert again.to_json() == text
+    assert O.optimize(g, topo, steady_state=True, cache=False).to_json() == text
+    assert "up" in plan.explain() and "megatron-tp" in plan.explain()
+
+
+def test_cache_hits_and_survives_corruption(tmp_path):
+    g = _mlp(128, d=256, f=512)
+    p1 = O.optimize(g, "a100x8", cache=tmp_path)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    p2 = O.optimize(g, "a100x8", cache=tmp_path)
+    assert p2.to_json() == p1.to_json()
+    files[0].write_text("{not json")
+    p3 = O.optimize(g, "a100x8", cache=tmp_path)
+    assert p3.to_json() == p1.to_json()
+    assert Plan.from_json(files[0].read_text()).to_json() == p1.to_json()
+
+
+def test_repeated_blocks_are_tied():
+    b = Builder("float16")
+    x = b.input("x", (64, 128))
+    for i in range(4):
+        w = b.weight(f"w{i}", (128, 128))
+        x = (b.einsum("td,de->te", x, w).relu().relu() + x)
+    g = b.build([x])
+    groups = O.repeats(g)
+    # the first block reads the graph input, the other three are identical
+    assert len(groups) == 4 and all(len(gr) == 3 for gr in groups)
+    model = O.build_model(g, synthetic(4), O.Options("sharded", True))
+    assert any(all(k.startswith("input:w") for k in t) for t in model.ties)
+
+
+def test_bad_options_and_choices_raise():
+    g = _mlp(64, d=256, f=512)
+    with pytest.raises(PlanError):
+        O.Options(weights="replicated")
+    with pytest.raises(PlanError):
+        O.plan_cost(g, "a100x8", {})
+
+
+def test_memory_limit_reports_min_capacity():
+    from einsummable.errors import InfeasibleError
+    topo = synthetic(2, mem_bytes=1e6)
+    g = _mlp(256, d=512, f=2048)
+    with pytest.raises(InfeasibleError) as e:
+        O.optimize(g, topo, cache=False)
+    assert e.value.min_capacity and e.value.min_capacity > 1e6
