@@ -15,7 +15,7 @@ from torch import nn
 
 from einsummable.capture import bind, supported_ops, trace
 from einsummable.errors import EinsummableError, UnsupportedOpError
-from einsummable.models import (MLP, LlamaStack, TwoLayerMLP, preset, preset_config)
+from einsummable.models import MLP, TwoLayerMLP, preset
 from einsummable.reference import evaluate
 
 TOL = 1e-5

@@ -29,11 +29,11 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import EinsummableError, UnsupportedOpError
-from ..ir import Constant, Graph
-from . import fold
+from ..ir import Graph
+from . import fold, shapes  # noqa: F401  (shapes registers its handlers)
 from .aten import IGNORED, TABLE, Ctx, supported_ops
 from .emit import Emitter
-from .values import TENSORISH, Folded, Lazy, SliceVal, View
+from .values import TENSORISH, Folded, Lazy, SliceVal
 
 __all__ = ["trace", "bind", "supported_ops"]
 

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Constant, Op, TensorInfo, dims_shape, validate_op
-from ..scalar import Expr, arg, call, const
+from ..scalar import Expr, arg, const
 from . import fold
 from .values import (Folded, Lazy, Leaf, SliceVal, Value, View, fresh_view, reshape)
 
@@ -354,7 +354,6 @@ class Emitter:
 
     def _scaled(self, value: Value) -> tuple[float, View]:
         if isinstance(value, Lazy) and len(value.leaves) == 1:
-            from .aten import linear_coef
             c = linear_coef(value.expr)
             if c is not None and value.shape == value.leaves[0].shape:
                 return c, self.view(value.leaves[0])
@@ -384,3 +383,12 @@ class Emitter:
                                                                     range(dim + 1, rank)]
         return self.contract([(v, src_axes), (m, [dim, rank + 1])], sizes, [], src.dtype,
                              out_groups=groups, stem=stem)
+
+
+def linear_coef(e: Expr) -> float | None:
+    """c when e is c * x0 (through neg, mul and div by constants)."""
+    if e.fn == "neg":
+        c = linear_coef(e.args[0])
+        return None if c is None else -c
+    sp = e.scaled_product()
+    return sp[1] if sp is not None and sp[0] == (0,) else None

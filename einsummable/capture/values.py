@@ -229,10 +229,3 @@ class Folded:
 Value = Union[View, Lazy, SliceVal, Folded]
 TENSORISH = (View, Lazy, SliceVal, Folded)
 
-
-@dataclass
-class Missing:
-    """An output of a multi-output ATen op that capture does not model (e.g. indices)."""
-
-    what: str
-    extra: dict = field(default_factory=dict)
