@@ -1,0 +1,75 @@
+"""Named strategies: plans in the same IR, never better than the optimizer."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from einsummable.errors import PlanError
+from einsummable.models.llama_ir import llama_block_graph
+from einsummable.models.presets import preset_config
+from einsummable.named import STRATEGIES, STRATEGY_WEIGHTS
+from einsummable.topology import load_topology
+
+import einsummable.optimize  # noqa: F401
+O = sys.modules["einsummable.optimize"]
+
+
+@pytest.fixture(scope="module")
+def block():
+    g = llama_block_graph(preset_config("llama-7b", width=0.25), 2, 256, "float16")
+    topo = load_topology("a100x8")
+    return g, topo, O.build_model(g, topo, O.Options("sharded", True))
+
+
+def test_every_strategy_is_an_exact_plan_and_not_better_than_the_optimum(block):
+    g, topo, model = block
+    free_model = O.build_model(g, topo, O.Options("free", True))
+    best = O.solve_model(model)
+    free = O.solve_model(free_model)
+    for name in STRATEGIES:
+        m = free_model if STRATEGY_WEIGHTS.get(name) == "free" else model
+        plan = O.named_plan(g, topo, name, steady_state=True, model=m)
+        assert plan.option["strategy"] == name
+        assert plan.option["inexact_ops"] == [], name
+        ref = free if STRATEGY_WEIGHTS.get(name) == "free" else best
+        assert ref.objective <= plan.objective_s * (1 + 1e-6), name
+        w = STRATEGY_WEIGHTS.get(name, "sharded")
+        assert O.plan_cost(g, topo, plan.chosen, weights=w, steady_state=True) == plan.objective_s
+
+
+def _split(plan, op):
+    return {m for m, p in plan.candidate(op).parts if p > 1}
+
+
+def test_megatron_is_column_then_row_and_sp_splits_the_sequence(block):
+    g, topo, model = block
+    tp = O.named_plan(g, topo, "megatron-tp", steady_state=True, model=model)
+    sp = O.named_plan(g, topo, "megatron-tp-sp", steady_state=True, model=model)
+    mm = [op for op in g.ops if op.agg == "sum" and any(g.tensor(i).kind == "weight" for i in op.inputs)]
+    wq, wo, w1, w2 = mm[0], mm[3], mm[4], mm[6]
+    assert _split(tp, wq.name) == {"h"}          # heads: column parallel
+    assert _split(tp, wo.name) == {"h"}          # contraction over heads: row parallel
+    assert _split(tp, w1.name) == {"f"} and _split(tp, w2.name) == {"f"}
+    norm = g.ops[0]
+    assert _split(tp, norm.name) == set()        # replicated
+    roles = model.roles.modes[norm.name]
+    assert {roles[m] for m in _split(sp, norm.name)} == {"seq"}
+
+
+def test_data_parallel_and_ulysses(block):
+    g, topo, model = block
+    dp = O.named_plan(g, topo, "fsdp", steady_state=True, model=model)
+    for op in g.ops:
+        roles = model.roles.modes[op.name]
+        assert {roles[m] for m in _split(dp, op.name)} <= {"batch", "seq"}, op.name
+    ul = O.named_plan(g, topo, "ulysses", steady_state=True, model=model)
+    scores = next(op for op in g.ops if sum(model.roles.modes[op.name].get(m) == "seq"
+                                            for m in op.modes if op.size[m] > 1) >= 2)
+    assert {model.roles.modes[scores.name][m] for m in _split(ul, scores.name)} == {"feature"}
+
+
+def test_unknown_strategy():
+    g = llama_block_graph(preset_config("llama-tiny"), 1, 16, "float32")
+    with pytest.raises(PlanError):
+        O.named_plan(g, "cpu4", "pipeline")
