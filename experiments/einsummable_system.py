@@ -76,10 +76,16 @@ def optimize(graph, topology, weights: str = "sharded", steady_state: bool = Tru
     return Optimized(plan, time.perf_counter() - t0)
 
 
-def simulate(plan, mode: str = "optimized"):
-    """SimResult of a Plan, lowered with the given exchange mode."""
+def simulate(plan, mode: str = "optimized", resident: bool = True):
+    """SimResult of a Plan, lowered with the given exchange mode.
+
+    resident: leave the block's output where the plan computes it (steady state, as the
+    baselines leave theirs) instead of also delivering it whole to device 0.
+    """
+    import dataclasses
     fn = api("einsummable.runtime.simulate", "simulate")
-    return fn(plan.graph, choice_of(plan), plan.topology, mode=mode)
+    graph = dataclasses.replace(plan.graph, outputs=()) if resident else plan.graph
+    return fn(graph, choice_of(plan), plan.topology, mode=mode)
 
 
 def named_plan(graph, topology, name: str, **options: Any):

@@ -89,7 +89,7 @@ def simulated_blocks(cfg: dict, stream=None) -> RunResult:
             progress.step(f"{w.name} {s}")
             rows.append(_sim_row(cfg, s, w, cg, topo, floor_s, plans))
         rows.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
-                        floor_s=floor_s, note="1/N of the FLOPs at peak + one launch per op"))
+                        floor_s=floor_s, note="roofline of 1/N of every op + one launch per op"))
     return RunResult(rows, {"plans": plans},
                      _table(cfg, rows, f"{cfg['name']}: simulated on {topo.name}"))
 

@@ -16,8 +16,9 @@ row-parallel op (its candidate splits an aggregated mode) leaves partial sums th
 parallelism all-reduces and sequence parallelism reduce-scatters and all-gathers again; data
 parallelism with sharded weights all-gathers every weight once (FSDP).
 
-The floor: 1/N of every op's FLOPs at the device's peak plus one launch per op that computes
-(views are free) — what a perfect split with free communication would cost in this model.
+The floor: the simulator's roofline for 1/N of every op (FLOPs at peak or bytes at memory
+bandwidth, whichever is slower) plus one launch per op that computes (views are free) — what a
+perfect split with free communication would cost in this model.
 """
 from __future__ import annotations
 
@@ -116,11 +117,16 @@ def simulate_baseline(system: str, graph: Graph, topology, weights: str = "shard
 
 
 def compute_floor(graph: Graph, topology) -> float:
+    """Σ over ops of max(F / (N·peak), B / (N·mem_bw)) + launch, with F the op's FLOPs and B
+    the bytes it reads and writes once: the simulator's roofline for 1/N of every op on each
+    device, with free communication and no replicated work. Views are free."""
     dev = topology.devices[0]
     n = topology.world_size
     total = 0.0
     for op in graph.ops:
         if op.is_view:
             continue
-        total += op.flops / (n * dev.peak(graph.tensor(op.output).dtype)) + dev.launch_s
+        flops_s = op.flops / (n * dev.peak(graph.tensor(op.output).dtype))
+        nbytes = sum(graph.tensor(t).nbytes for t in op.inputs) + graph.tensor(op.output).nbytes
+        total += max(flops_s, nbytes / (n * dev.mem_bw)) + dev.launch_s
     return total

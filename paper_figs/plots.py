@@ -161,7 +161,7 @@ def plan_picture(name: str, record: dict, out: Path) -> Path | None:
     ax2.set_ylabel("from device")
     ax2.set_xticks(range(n))
     ax2.set_yticks(range(n))
-    ax2.set_title("traffic (MB; includes the output sent to device 0)")
+    ax2.set_title("traffic (MB), output left in place")
     fig.colorbar(im, ax=ax2, fraction=0.046)
     fig.tight_layout()
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
