@@ -72,7 +72,7 @@ def random_plan(g, n, seed):
 def plans(g, topo, n_random: int) -> dict[str, object]:
     """name -> something `lower` accepts (a Plan, or a choice for graph g on topo)."""
     from einsummable.optimize import named_plan, optimize
-    out: dict[str, object] = {"optimized": optimize(g, topo, time_limit_s=60)}
+    out: dict[str, object] = {"optimized": optimize(g, topo, time_limit_s=20)}
     for name in NAMED:
         out[name] = named_plan(g, topo, name)
     for seed in range(n_random):
