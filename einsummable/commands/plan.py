@@ -1,0 +1,97 @@
+"""`einsummable plan --model NAME | --module path.py:Class --topology NAME`: optimise a plan.
+
+Models by preset name are built in the IR (`models.llama_ir`) for LLaMA presets and captured
+from a meta-device module otherwise; `--module` imports a file and captures `Class()` on an
+input of shape (batch, seq, dim) where dim comes from `--dim` or the class's `dim` attribute.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+HELP = "optimise a multi-device plan for a model on a topology"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="preset name, e.g. llama-7b")
+    src.add_argument("--module", help="path.py:Class (an nn.Module taking x of (batch, seq, dim))")
+    p.add_argument("--topology", required=True, help="shipped name (a100x8, ...) or a YAML path")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--dim", type=int, default=None, help="input width for --module")
+    p.add_argument("--layers", type=int, default=1, help="stacked blocks (presets)")
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--width", type=float, default=None, help="scale a preset's width")
+    p.add_argument("--weights", default="sharded", choices=("sharded", "free"))
+    p.add_argument("--steady-state", action="store_true",
+                   help="leave the output in the layout the input arrived in (stacked blocks)")
+    p.add_argument("--time-limit", type=float, default=None, help="solver seconds")
+    p.add_argument("--strategy", default=None,
+                   help="a named strategy instead of the optimizer (data-parallel, fsdp, "
+                        "megatron-tp, megatron-tp-sp, ulysses)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--out", default=None, help="write the plan JSON here")
+
+
+def load_graph(args: argparse.Namespace):
+    from ..errors import EinsummableError
+    if args.model:
+        from ..models.presets import preset, preset_config
+        config = preset_config(args.model, args.width)
+        from ..models.llama import LlamaConfig
+        if isinstance(config, LlamaConfig):
+            from ..models.llama_ir import llama_block_graph
+            return llama_block_graph(config, args.batch, args.seq, args.dtype, args.layers)
+        import torch
+        from ..capture import trace
+        module, inputs = preset(args.model, args.batch, args.seq, device="meta",
+                                dtype=getattr(torch, args.dtype), width=args.width,
+                                n_layers=args.layers)
+        return trace(module, inputs)
+    path, _, cls = args.module.partition(":")
+    if not cls or not Path(path).is_file():
+        raise EinsummableError(f"--module {args.module!r}: expected an existing path.py:Class",
+                               fix="e.g. --module mymodel.py:Block")
+    spec = importlib.util.spec_from_file_location("user_module", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import torch
+    from ..capture import trace
+    with torch.device("meta"):
+        module = getattr(mod, cls)()
+    dim = args.dim or getattr(module, "dim", None)
+    if dim is None:
+        raise EinsummableError(f"cannot tell the input width of {cls}", fix="pass --dim")
+    x = torch.empty(args.batch, args.seq, dim, device="meta", dtype=getattr(torch, args.dtype))
+    return trace(module.to(getattr(torch, args.dtype)), (x,))
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..optimize import named_plan, optimize
+    from ..topology import load_topology
+    graph = load_graph(args)
+    topo = load_topology(args.topology)
+    if args.strategy:
+        plan = named_plan(graph, topo, args.strategy, weights=args.weights,
+                          steady_state=args.steady_state)
+    else:
+        plan = optimize(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
+                        steady_state=args.steady_state, cache=not args.no_cache)
+    if args.out:
+        Path(args.out).write_text(plan.to_json())
+    if args.json:
+        summary = {"objective_s": plan.objective_s, "bound_s": plan.bound_s, "gap": plan.gap,
+                   "solve_s": plan.solve_s, "topology": topo.name, "ops": len(graph.ops),
+                   "options": plan.option, "out": args.out,
+                   "choice": {k: str(c) for k, c in plan.choice}}
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(plan.explain(strategies=False))
+        if args.out:
+            print(f"wrote {args.out}", file=sys.stderr)
+    return 0

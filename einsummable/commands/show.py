@@ -1,0 +1,76 @@
+"""`einsummable show plan.json [--png out.png]`: explain a plan; optionally draw it.
+
+The figure has one row per op and one column per device; a cell is shaded by the share of the
+op's tuples that device computes, and the right margin gives the op's compute and exchange
+milliseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "explain a plan JSON (text, or a figure with --png)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="Plan JSON")
+    p.add_argument("--png", default=None, help="also draw the plan to this PNG file")
+    p.add_argument("--no-strategies", action="store_true",
+                   help="skip the comparison with the named strategies")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _figure(plan, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ..optimize import _per_node, _restricted, _options, build_model
+    opt = plan.option
+    options = _options(opt.get("weights", "sharded"), bool(opt.get("steady_state")), None,
+                       opt.get("cost", {}).get("exchange_mode", "optimized"))
+    model = build_model(plan.graph, plan.topology, options,
+                        _restricted(plan.graph, plan.topology, options, plan.chosen))
+    per = _per_node(model, {k: 0 for k in model.nodes})
+    n = plan.topology.world_size
+    keys = [k for k, _ in plan.choice]
+    grid = []
+    for k in keys:
+        c = plan.chosen[k]
+        row = [0.0] * n
+        for ds in c.devices:
+            for d in ds:
+                row[d] += 1.0 / len(c.devices)
+        grid.append(row)
+    fig, ax = plt.subplots(figsize=(2 + 0.5 * n, 1 + 0.25 * len(keys)))
+    ax.imshow(grid, aspect="auto", cmap="Blues", vmin=0, vmax=1)
+    ax.set_yticks(range(len(keys)))
+    ax.set_yticklabels([f"{k}  [{plan.chosen[k]}]" for k in keys], fontsize=6)
+    ax.set_xticks(range(n))
+    ax.set_xlabel("device")
+    for i, k in enumerate(keys):
+        comp, exch, _ = per[k]
+        ax.text(n - 0.4, i, f"{comp * 1e3:.3f} + {exch * 1e3:.3f} ms", fontsize=6, va="center")
+    ax.set_title(f"{plan.topology.name}: {plan.objective_s * 1e3:.3f} ms")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..errors import PlanError
+    from ..plan import Plan
+    try:
+        text = Path(args.plan).read_text()
+    except OSError as e:
+        raise PlanError(f"cannot read {args.plan}: {e.strerror}", fix="check the path") from None
+    plan = Plan.from_json(text)
+    report = plan.explain(strategies=not args.no_strategies)
+    if args.png:
+        _figure(plan, args.png)
+    if args.json:
+        print(json.dumps({"objective_s": plan.objective_s, "report": report, "png": args.png},
+                         sort_keys=True))
+    else:
+        print(report)
+    return 0
