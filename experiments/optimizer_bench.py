@@ -1,0 +1,63 @@
+"""Solve time and predicted time of optimized plans against named strategies.
+
+    python experiments/optimizer_bench.py [--topologies a100x8 ...] [--models llama-7b ...]
+        [--batch 4 --seq 2048] [--stack 32]
+
+Prints, per workload: optimize wall seconds (model build + MIP), gap, the objective, each named
+strategy's objective on the same cost model, and the compute floor FLOPs / (devices x peak x
+efficiency). Every number comes from this run.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import einsummable.optimize  # noqa: F401
+from einsummable.cost import compute_floor
+from einsummable.models.llama_ir import llama_block_graph
+from einsummable.models.presets import preset_config
+from einsummable.named import STRATEGIES
+from einsummable.topology import load_topology
+
+O = sys.modules["einsummable.optimize"]
+PRESETS = ("llama-7b", "llama-13b", "llama-30b", "llama-65b", "llama3-8b")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--topologies", nargs="+", default=["a100x8", "dgx1-v100", "h100x8x2"])
+    p.add_argument("--models", nargs="+", default=list(PRESETS))
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--stack", type=int, default=1, help="blocks per graph (tied)")
+    a = p.parse_args()
+    rows = []
+    print(f"{'topology':<10} {'model':<10} {'solve s':>8} {'gap':>8} {'opt ms':>8} "
+          + " ".join(f"{s[:12]:>12}" for s in STRATEGIES) + f" {'floor ms':>9} {'opt/tp':>7}")
+    for tn in a.topologies:
+        topo = load_topology(tn)
+        for name in a.models:
+            g = llama_block_graph(preset_config(name), a.batch, a.seq, "float16", a.stack)
+            t0 = time.perf_counter()
+            plan = O.optimize(g, topo, weights="sharded", steady_state=True, cache=False)
+            wall = time.perf_counter() - t0
+            sharded = O.build_model(g, topo, O.Options("sharded", True))
+            free = O.build_model(g, topo, O.Options("free", True))
+            named = {s: O.named_plan(g, topo, s, steady_state=True,
+                                     model=free if s == "data-parallel" else sharded).objective_s
+                     for s in STRATEGIES}
+            floor = compute_floor(g, topo)
+            ratio = plan.objective_s / named["megatron-tp"]
+            rows.append(ratio)
+            print(f"{tn:<10} {name:<10} {wall:>8.2f} {plan.gap:>8.1e} {plan.objective_s * 1e3:>8.3f} "
+                  + " ".join(f"{named[s] * 1e3:>12.3f}" for s in STRATEGIES)
+                  + f" {floor * 1e3:>9.3f} {ratio:>7.3f}", flush=True)
+    geo = math.exp(sum(math.log(r) for r in rows) / len(rows))
+    print(f"geometric mean optimized / megatron-tp: {geo:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
