@@ -146,6 +146,65 @@ def volume(reg: Region) -> int:
 
 # --------------------------------------------------------------------------- synthesis
 
+class _Routes:
+    """Per (topology instance, mode): routes, their link resources and the reference distance
+    that orders sources. Pure functions of the frozen topology, so one table serves every
+    synthesis on it (the optimizer prices thousands of pairs on one topology)."""
+
+    def __init__(self, topology, mode: str) -> None:
+        self.topo = topology
+        self.naive_direct = mode == "naive"
+        self._routes: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self._dist: dict[int, list[float]] = {}
+
+    def link(self, a: int, b: int, tensor: str):
+        link = self.topo.link(a, b)
+        if link is None:
+            raise PlanError(f"no link {a}->{b} in topology '{self.topo.name}' for tensor "
+                            f"{tensor!r}", fix="check the topology's link rules")
+        return link
+
+    def route(self, a: int, b: int, tensor: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        r = self._routes.get((a, b))
+        if r is None:
+            if self.naive_direct and self.topo.has_direct(a, b):
+                hops = (a, b)
+            else:
+                hops = tuple(self.topo.hops(a, b))
+            res = tuple(self.link(x, y, tensor).resource for x, y in zip(hops, hops[1:]))
+            r = (hops, res)
+            self._routes[(a, b)] = r
+        return r
+
+    def dist_to(self, b: int, tensor: str) -> list[float]:
+        """Seconds for a reference message from every device to b (0 for b itself)."""
+        row = self._dist.get(b)
+        if row is None:
+            row = []
+            for a in range(self.topo.world_size):
+                if a == b:
+                    row.append(0.0)
+                    continue
+                hops, _ = self.route(a, b, tensor)
+                row.append(sum(self.link(x, y, tensor).time(RANK_REFERENCE_BYTES)
+                               for x, y in zip(hops, hops[1:])))
+            self._dist[b] = row
+        return row
+
+
+def _routes(topology, mode: str) -> _Routes:
+    """The shared route table of `topology` for `mode` (kept in the topology's memo)."""
+    cache = getattr(topology, "_cache", None)
+    if not isinstance(cache, dict):
+        return _Routes(topology, mode)
+    key = ("exchange-routes", mode)
+    table = cache.get(key)
+    if table is None:
+        table = _Routes(topology, mode)
+        cache[key] = table
+    return table
+
+
 class _Builder:
     """Accumulates transfers and reduces and places each into its round as it is emitted."""
 
@@ -158,40 +217,14 @@ class _Builder:
         self.transfers: list[Transfer] = []
         self.reduces: list[Reduce] = []
         self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._dist: dict[tuple[int, int], float] = {}
-        self._hops: dict[tuple[int, int], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self.routes = _routes(topology, mode)
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
-        if a == b:
-            return 0.0
-        key = (a, b)
-        v = self._dist.get(key)
-        if v is None:
-            hops, _ = self.route(a, b)
-            v = sum(self._link(x, y).time(RANK_REFERENCE_BYTES) for x, y in zip(hops, hops[1:]))
-            self._dist[key] = v
-        return v
-
-    def _link(self, a: int, b: int):
-        link = self.topo.link(a, b)
-        if link is None:
-            raise PlanError(f"no link {a}->{b} in topology '{self.topo.name}' for tensor "
-                            f"{self.info.name!r}", fix="check the topology's link rules")
-        return link
+        return self.routes.dist_to(b, self.info.name)[a]
 
     def route(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        key = (a, b)
-        r = self._hops.get(key)
-        if r is None:
-            if self.mode == "naive" and self.topo.has_direct(a, b):
-                hops = (a, b)
-            else:
-                hops = tuple(self.topo.hops(a, b))
-            res = tuple(self._link(x, y).resource for x, y in zip(hops, hops[1:]))
-            r = (hops, res)
-            self._hops[key] = r
-        return r
+        return self.routes.route(a, b, self.info.name)
 
     def send(self, src: int, dst: int, reg: Region, ready: int,
              slices: tuple[int, ...] = ()) -> int:
@@ -248,21 +281,32 @@ def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tupl
     return b.build()
 
 
+def _meets(a: Region, b: Region) -> bool:
+    for (a0, a1), (b0, b1) in zip(a, b):
+        if a0 >= b1 or b0 >= a1:
+            return False
+    return True
+
+
 def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
           needs: Iterable[tuple[Region, int]]) -> None:
-    """Cover each need from full sources (region, device, ready round), nearest first."""
+    """Cover each need from full sources (region, device, ready round), nearest first.
+
+    Only sources that meet the need can cover any part of it, so the others are dropped
+    before ordering (the order of the survivors, and hence every transfer, is unchanged)."""
     naive = b.naive
     owned = list(sources)
     for q, d in dict.fromkeys(needs):
         pool = owned if naive else sources
+        hit = [i for i in range(len(pool)) if _meets(pool[i][0], q)]
         if naive:  # the reader's own blocks, then owners in layout order
-            order = sorted(range(len(pool)), key=lambda i: (pool[i][1] != d, i))
+            hit.sort(key=lambda i: (pool[i][1] != d, i))
         else:
-            order = sorted(range(len(pool)),
-                           key=lambda i: (b.dist(pool[i][1], d), pool[i][2], pool[i][1], i))
+            row = b.routes.dist_to(d, b.info.name)
+            hit.sort(key=lambda i: (row[pool[i][1]], pool[i][2], pool[i][1], i))
         todo = [q]
         got: list[tuple[Region, int]] = []
-        for i in order:
+        for i in hit:
             reg, dev, ready = pool[i]
             nxt: list[Region] = []
             for u in todo:
@@ -272,7 +316,8 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
                     continue
                 if dev != d:
                     got.append((cut, b.send(dev, d, cut, ready)))
-                nxt.extend(subtract(u, cut))
+                if cut != u:
+                    nxt.extend(subtract(u, cut))
             todo = nxt
             if not todo:
                 break
@@ -373,35 +418,67 @@ def link_bytes(ex: Exchange, topology) -> dict[tuple[int, int], int]:
     return out
 
 
+def _route_terms(topology, hops: tuple[int, ...]) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """Latency of a route and every (resource, bandwidth) its bytes load: each link's own
+    medium, and the egress/ingress ports of the devices at its ends where the topology gives
+    a per-device port limit (NVSwitch, NVLink lanes, NICs). Memoised per topology instance."""
+    cache = getattr(topology, "_cache", None)
+    memo = cache.setdefault("exchange-route-terms", {}) if isinstance(cache, dict) else {}
+    hit = memo.get(hops)
+    if hit is None:
+        links = [topology.link(a, c) for a, c in zip(hops, hops[1:])]
+        latency = sum(l.latency_s for l in links)
+        terms: list[tuple[str, float]] = []
+        for l in links:
+            terms.extend(link_resources(l))
+        hit = (latency, tuple(terms))
+        memo[hops] = hit
+    return hit
+
+
+def link_resources(link) -> tuple[tuple[str, float], ...]:
+    """(resource, bandwidth) pairs a link's bytes occupy (ports where the link declares one)."""
+    own = ((link.resource, link.bw),)
+    ports = getattr(link, "port_resources", ())
+    return own + tuple(ports)
+
+
 def exchange_time(ex: Exchange, topology) -> float:
-    """Seconds under the round model of the module docstring (the simulator's link model)."""
+    """Seconds under the round model of the module docstring: per round, every resource (link
+    medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
+    latency plus its busiest resource's time; the round lasts as long as its slowest route plus
+    its longest per-device fold."""
     if not ex:
         return 0.0
-    by_round: dict[int, list[Transfer]] = {}
+    by_round: dict[int, dict[tuple[int, ...], None]] = {}
+    load: dict[int, dict[str, float]] = {}
+    bw: dict[int, dict[str, float]] = {}
     for t in ex.transfers:
-        by_round.setdefault(t.round, []).append(t)
+        if len(t.hops) < 2:
+            continue
+        rnd = t.round
+        by_round.setdefault(rnd, {})[t.hops] = None
+        ld = load.setdefault(rnd, {})
+        bb = bw.setdefault(rnd, {})
+        for res, b in _route_terms(topology, t.hops)[1]:
+            ld[res] = ld.get(res, 0.0) + t.nbytes
+            if b < bb.get(res, math.inf):
+                bb[res] = b
     reduce_s: dict[int, dict[int, float]] = {}
     for r in ex.reduces:
-        dev = topology.devices[r.device]
         if r.n_inputs < 2:  # a lone input is only relabelled as the folded value
             continue
+        dev = topology.devices[r.device]
         bytes_touched = (r.n_inputs + 1) * r.nbytes  # read every input, write the result
         per_dev = reduce_s.setdefault(r.round, {})
         per_dev[r.device] = per_dev.get(r.device, 0.0) + bytes_touched / dev.mem_bw
     total = 0.0
     for rnd in sorted(set(by_round) | set(reduce_s)):
-        load: dict[str, float] = {}
-        bw: dict[str, float] = {}
-        routes = []
-        for t in by_round.get(rnd, ()):
-            links = [topology.link(a, c) for a, c in zip(t.hops, t.hops[1:])]
-            routes.append(links)
-            for link in links:
-                load[link.resource] = load.get(link.resource, 0.0) + t.nbytes
-                bw[link.resource] = min(bw.get(link.resource, math.inf), link.bw)
-        wire = max((sum(l.latency_s for l in links)
-                    + max(load[l.resource] / bw[l.resource] for l in links)
-                    for links in routes if links), default=0.0)
+        ld, bb = load.get(rnd, {}), bw.get(rnd, {})
+        wire = 0.0
+        for hops in by_round.get(rnd, ()):
+            latency, terms = _route_terms(topology, hops)
+            wire = max(wire, latency + max(ld[res] / bb[res] for res, _ in terms))
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
         total += wire + fold
     return total

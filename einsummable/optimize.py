@@ -231,6 +231,65 @@ def _project(values: Sequence) -> tuple[tuple[int, ...], list]:
     return tuple(proj), list(index)
 
 
+class _Shared:
+    """Memo for one model build. Repeated blocks have ops that differ only in names, so their
+    layouts, needs, compute costs and edge matrices are computed once, keyed on the op's
+    structure (names stripped) and its candidate tuple, and the very same objects are reused."""
+
+    def __init__(self, graph: Graph, topology, options: Options, pricer: EdgePricer) -> None:
+        self.graph, self.topology, self.options, self.pricer = graph, topology, options, pricer
+        self.computed = {op.output for op in graph.ops}
+        self._struct: dict[str, object] = {}
+        self._memo: dict[tuple, object] = {}
+
+    def struct(self, oc: OpCandidates):
+        s = self._struct.get(oc.key)
+        if s is None:
+            s = (structural(oc.op), oc.cands)
+            self._struct[oc.key] = s
+        return s
+
+    def _get(self, key: tuple, make):
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = make()
+            self._memo[key] = hit
+        return hit
+
+    def layouts(self, oc: OpCandidates) -> list:
+        sop, cands = self.struct(oc)
+        return self._get(("layouts", sop, cands),
+                         lambda: [output_layout(sop, c) for c in cands])
+
+    def compute(self, oc: OpCandidates) -> tuple[ComputeCost, ...]:
+        sop, cands = self.struct(oc)
+        g = self.graph
+        sig = (tuple(g.tensor(n).dtype for n in oc.op.inputs), g.tensor(oc.op.output).dtype,
+               oc.op.output in self.computed)
+        return self._get(("compute", sop, cands, sig), lambda: tuple(
+            compute_cost(oc.op, c, g, self.topology, self.options.cost) for c in oc.cands))
+
+    def projected_layouts(self, oc: OpCandidates):
+        sop, cands = self.struct(oc)
+        return self._get(("rows", sop, cands), lambda: _project(self.layouts(oc)))
+
+    def projected_needs(self, oc: OpCandidates, tensor: str):
+        sop, cands = self.struct(oc)
+        where = tuple(i for i, n in enumerate(oc.op.inputs) if n == tensor)
+        return self._get(("cols", sop, cands, where), lambda: _project(
+            [consumer_needs(oc.op, c, tensor) for c in oc.cands]))
+
+    def projected_finished(self, oc: OpCandidates):
+        sop, cands = self.struct(oc)
+        return self._get(("finished", sop, cands), lambda: _project(
+            [finished_needs(p) for p in self.layouts(oc)]))
+
+    def matrix(self, info, lay: list, needs: list, agg):
+        key = ("matrix", info.shape, info.dtype, agg, id(lay), id(needs))
+        return self._get(key, lambda: tuple(
+            tuple(self.pricer.price(info, l, n, agg) for n in needs) for l in lay))
+
+
 def build_model(graph: Graph, topology, options: Options = Options(),
                 nodes: dict[str, OpCandidates] | None = None,
                 pricer: EdgePricer | None = None) -> Model:
@@ -238,9 +297,9 @@ def build_model(graph: Graph, topology, options: Options = Options(),
     nodes = nodes if nodes is not None else graph_candidates(graph, topology,
                                                              weights=options.weights, r=r)
     pricer = pricer or EdgePricer(topology, options.cost)
-    compute = {k: tuple(compute_cost(oc.op, c, graph, topology, options.cost)
-                        for c in oc.cands) for k, oc in nodes.items()}
-    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
+    sh = _Shared(graph, topology, options, pricer)
+    compute = {k: sh.compute(oc) for k, oc in nodes.items()}
+    layouts = {k: sh.layouts(oc) for k, oc in nodes.items()}
 
     # (src, dst, tensor, rows, layouts, cols, needs, agg, kind)
     specs = []
@@ -249,8 +308,8 @@ def build_model(graph: Graph, topology, options: Options = Options(),
             if graph.tensor(name).kind == "constant":
                 continue
             src = producer_key(graph, name)
-            rows, lay = _project(layouts[src])
-            cols, needs = _project([consumer_needs(op, c, name) for c in nodes[op.name].cands])
+            rows, lay = sh.projected_layouts(nodes[src])
+            cols, needs = sh.projected_needs(nodes[op.name], name)
             specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, "data"))
     pairs = steady_pairs(graph) if options.steady_state else ()
     if options.steady_state and not pairs:
@@ -258,8 +317,8 @@ def build_model(graph: Graph, topology, options: Options = Options(),
                         fix="pass steady_state=False for graphs that are not stackable blocks")
     for x, y in pairs:
         src, dst = producer_key(graph, y), INPUT_PREFIX + x
-        rows, lay = _project(layouts[src])
-        cols, needs = _project([finished_needs(p) for p in layouts[dst]])
+        rows, lay = sh.projected_layouts(nodes[src])
+        cols, needs = sh.projected_finished(nodes[dst])
         specs.append((src, dst, y, rows, lay, cols, needs, nodes[src].op.agg, "steady"))
     fed_back = {y for _, y in pairs}
     finish_specs = []
@@ -270,8 +329,13 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         finish_specs.append((src, y))
 
     keys = []
+    seen: set[tuple] = set()
     for src, dst, name, rows, lay, cols, needs, agg, kind in specs:
         info = graph.tensor(name)
+        once = (info.shape, info.dtype, agg, id(lay), id(needs))
+        if once in seen:  # a repeated block's edge: the same pairs
+            continue
+        seen.add(once)
         keys += [pricer.key(info, l, n, agg) for l in lay for n in needs]
     for src, y in finish_specs:
         info = graph.tensor(y)
@@ -281,14 +345,13 @@ def build_model(graph: Graph, topology, options: Options = Options(),
     edges = []
     for src, dst, name, rows, lay, cols, needs, agg, kind in specs:
         info = graph.tensor(name)
-        matrix = tuple(tuple(pricer.price(info, l, n, agg) for n in needs) for l in lay)
-        edges.append(EdgeTerm(src, dst, name, rows, cols, matrix, kind))
+        edges.append(EdgeTerm(src, dst, name, rows, cols, sh.matrix(info, lay, needs, agg), kind))
     finish = {}
     for src, y in finish_specs:
         info = graph.tensor(y)
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
-    memory, caps = _memory(graph, topology, nodes, layouts)
+    memory, caps = _memory(graph, topology, nodes, layouts, sh)
     return Model(graph, topology, options, nodes, compute, finish, edges,
                  _tie_groups(graph, nodes), memory, caps, r, pricer)
 
@@ -328,14 +391,23 @@ def _node_bytes(graph: Graph, oc: OpCandidates, layouts: Sequence, n: int, is_op
 
 
 def _memory(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
-            layouts: Mapping[str, list]):
+            layouts: Mapping[str, list], shared: "_Shared | None" = None):
     """Rows (device, step) of the liveness model that some choice could overfill; (None, None)
     when no choice can break any row (then the constraints are redundant and left out)."""
     n = topology.world_size
     steps = max(1, len(graph.ops))
     step_of = {op.name: i for i, op in enumerate(graph.ops)}
     live = _liveness(graph, nodes)
-    data = {k: _node_bytes(graph, oc, layouts[k], n, k in step_of) for k, oc in nodes.items()}
+    def node_bytes(k: str, oc: OpCandidates):
+        if shared is None:
+            return _node_bytes(graph, oc, layouts[k], n, k in step_of)
+        sop, cands = shared.struct(oc)
+        sig = (tuple(graph.tensor(x).dtype for x in oc.op.inputs),
+               tuple(oc.op.inputs.index(x) for x in oc.op.inputs),  # which inputs coincide
+               graph.tensor(oc.op.output).dtype, k in step_of)
+        return shared._get(("bytes", sop, cands, sig),
+                           lambda: _node_bytes(graph, oc, layouts[k], n, k in step_of))
+    data = {k: node_bytes(k, oc) for k, oc in nodes.items()}
     worst = [[0.0] * (steps + 1) for _ in range(n)]  # difference arrays per device
     for k, (held, gathered) in data.items():
         lo, hi = live[k]
