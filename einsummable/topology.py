@@ -21,9 +21,16 @@ YAML schema (see topologies/*.yaml for commented examples)::
         total_bw: ...                      # alternative to bw: the whole link, lanes ignored
         latency: 3 us
         shared: "nic{src_node}.{src_local}"   # optional contended resource (template)
+        port: nvlink                       # optional per-device port this link uses ...
+        port_bw: 300 GB/s                  # ... and its total rate per direction per device
         oneway: false                      # true: only a->b, not b->a
         replace: false                     # true: override links set by earlier rules
     levels: [{name: node, groups: per_node | per_device | [[0, 1], ...]}, ...]  # optional
+
+Ports. A link may name a per-device port: its bytes then also load the source device's egress
+port and the destination device's ingress port of that name, each limited to ``port_bw`` (all
+links of one port at one device together). This is how one GPU's NVSwitch/NVLink/NIC bandwidth
+is a total, not a per-peer figure: an A100 sends 300 GB/s in all, however many peers it feeds.
 
 Quantities accept unit strings ("300 GB/s", "400 Gb/s", "312 TFLOP/s", "40 GiB", "5 us") or
 plain numbers in base units (B/s, FLOP/s, bytes, seconds).
@@ -193,11 +200,28 @@ class Link:
     kind: str
     shared: str | None = None   # contended physical resource (PCIe uplink, NIC), if any
     lanes: int = 1              # parallel physical lanes (DGX-1 doubled NVLinks have 2)
+    port: str | None = None     # per-device port (egress at src, ingress at dst), if any
+    port_bw: float | None = None  # that port's total rate per direction per device
 
     @property
     def resource(self) -> str:
         """Key for contention: links with the same key share one medium."""
         return self.shared if self.shared is not None else f"{self.kind}:{self.src}->{self.dst}"
+
+    @property
+    def egress(self) -> str | None:
+        return None if self.port is None else f"port:{self.port}:out@{self.src}"
+
+    @property
+    def ingress(self) -> str | None:
+        return None if self.port is None else f"port:{self.port}:in@{self.dst}"
+
+    @property
+    def port_resources(self) -> tuple[tuple[str, float], ...]:
+        """(resource, B/s) of the device ports this link's bytes also occupy."""
+        if self.port is None or self.port_bw is None:
+            return ()
+        return ((self.egress, self.port_bw), (self.ingress, self.port_bw))
 
     def time(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bw
@@ -370,8 +394,8 @@ class Topology:
                 continue
             back = lmap.get((l.dst, l.src))
             symmetric = back is not None and (back.bw, back.latency_s, back.kind, back.shared,
-                                               back.lanes) == (l.bw, l.latency_s, l.kind,
-                                                               l.shared, l.lanes)
+                                               back.lanes, back.port, back.port_bw) == (
+                l.bw, l.latency_s, l.kind, l.shared, l.lanes, l.port, l.port_bw)
             entry: dict[str, Any] = {"kind": l.kind}
             entry["pairs"] = [[l.src, l.dst] + ([l.lanes] if l.lanes != 1 else [])]
             per_lane = l.bw / l.lanes
@@ -382,6 +406,9 @@ class Topology:
             entry["latency"] = l.latency_s
             if l.shared is not None:
                 entry["shared"] = l.shared
+            if l.port is not None:
+                entry["port"] = l.port
+                entry["port_bw"] = l.port_bw
             if symmetric:
                 done.add((l.dst, l.src))
             else:
@@ -551,6 +578,11 @@ def _check_structure(name: Any, devices: tuple[Device, ...], links: tuple[Link, 
         if l.kind not in LINK_KINDS:
             fail(f"links[{i}].kind", f"unknown link kind {l.kind!r}",
                  f"use one of {', '.join(LINK_KINDS)}")
+        if (l.port is None) != (l.port_bw is None):
+            fail(f"links[{i}].port_bw", "port and port_bw go together",
+                 "give both (a per-device port and its rate) or neither")
+        if l.port_bw is not None:
+            _check_pos(l.port_bw, f"links[{i}].port_bw", "bytes/s", fail)
         if isinstance(l.lanes, bool) or not isinstance(l.lanes, int) or l.lanes < 1:
             fail(f"links[{i}].lanes", f"expected a positive integer, got {l.lanes!r}",
                  "lanes counts parallel physical links, at least 1")
@@ -637,7 +669,7 @@ _SPEC_KEYS = ("peak_flops", "mem_bw", "mem_bytes", "launch")
 _NODES_KEYS = ("count", "devices_per_node", "device_type", "name")
 _DEVICE_KEYS = ("id", "name", "node", "type") + _SPEC_KEYS
 _RULE_KEYS = ("kind", "pairs", "src", "dst", "bw", "total_bw", "latency", "shared", "lanes",
-              "oneway", "replace")
+              "oneway", "replace", "port", "port_bw")
 _LEVEL_KEYS = ("name", "groups")
 
 
@@ -827,6 +859,12 @@ class _Builder:
             oneway = self.boolean(r.get("oneway", False), f"{p}.oneway")
             replace = self.boolean(r.get("replace", False), f"{p}.replace")
             shared_tpl = r.get("shared")
+            if ("port" in r) != ("port_bw" in r):
+                self.fail(f"{p}.{'port_bw' if 'port' in r else 'port'}",
+                          "give port and port_bw together",
+                          "write port: nvlink, port_bw: 300 GB/s (per device, per direction)")
+            port = self.text(r["port"], f"{p}.port") if "port" in r else None
+            port_bw = self.qty(r["port_bw"], f"{p}.port_bw", "bandwidth") if port else None
             pairs = self.pairs(r, p, devices, local, made, default_lanes)
             for (a, b, lanes), pp in pairs:
                 for s, t in ((a, b),) if oneway else ((a, b), (b, a)):
@@ -840,7 +878,8 @@ class _Builder:
                                   "set replace: true on this rule to override it, or drop "
                                   "the pair")
                     total = bw * lanes if per_lane else bw
-                    made[(s, t)] = (Link(s, t, total, lat, kind, shared, lanes), ri)
+                    made[(s, t)] = (Link(s, t, total, lat, kind, shared, lanes, port, port_bw),
+                                    ri)
         return tuple(l for _, (l, _) in sorted(made.items()))
 
     def pairs(self, r: dict, p: str, devices: tuple[Device, ...], local: dict[int, int],
@@ -960,7 +999,8 @@ def synthetic(n: int, *, nodes: int = 1, intra_bw: float = SYNTH_INTRA_BW,
               mem_bytes: float = SYNTH_MEM_BYTES, launch_s: float = SYNTH_LAUNCH_S,
               name: str | None = None) -> Topology:
     """n devices in ``nodes`` equal nodes, every pair linked: nvswitch inside a node, ib across
-    (outbound traffic of a device shares its NIC). Defaults are A100-like."""
+    (outbound traffic of a device shares its NIC). Defaults are A100-like; the intra- and
+    inter-node rates are per-device totals (ports), as on NVSwitch and rail NICs."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TopologyError(f"synthetic: n: expected an integer >= 1, got {n!r}",
                             fix="pass the world size, e.g. synthetic(4)")
@@ -974,10 +1014,11 @@ def synthetic(n: int, *, nodes: int = 1, intra_bw: float = SYNTH_INTRA_BW,
     links = []
     for a, b in itertools.permutations(range(n), 2):
         if a // per == b // per:
-            links.append(Link(a, b, intra_bw, intra_latency_s, "nvswitch"))
+            links.append(Link(a, b, intra_bw, intra_latency_s, "nvswitch",
+                              port="nvlink", port_bw=intra_bw))
         else:
             links.append(Link(a, b, inter_bw, inter_latency_s, "ib",
-                              f"nic{a // per}.{a % per}"))
+                              f"nic{a // per}.{a % per}", port="nic", port_bw=inter_bw))
     levels = ((Level("node", tuple(tuple(range(k * per, (k + 1) * per))
                                    for k in range(nodes))),) if nodes > 1 else ())
     levels += (Level("gpu", tuple((i,) for i in range(n))),)
