@@ -7,6 +7,7 @@ others stay whole inside every tuple.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -71,8 +72,7 @@ def _sdpa_flops(op: "Op") -> int:
     f = op.size[op.in_dims[2][3][0]]
     matmuls = 2 * b * h * q * kk * (e + f)
     softmax = SOFTMAX_OPS_PER_SCORE * b * h * q * kk
-    causal_fraction = 0.5 if op.param.get("causal", False) else 1.0
-    return int((matmuls + softmax) * causal_fraction)
+    return matmuls + softmax  # causal counts in full, as in `_attention_flops`
 
 
 def _axis(op: "Op") -> int:
@@ -147,6 +147,94 @@ def _attention(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Te
     value-width ("f") modes; every other output mode is a batch mode (batch, heads, or the
     query-group mode of grouped-query attention, which k and v lack). Operand 3, if present, is
     an additive mask over a subset of the batch, query and key modes."""
+    fast = _sdpa_plan(op)
+    if fast is not None:
+        return _attention_sdpa(op, xs, ranges, fast)
+    return _attention_einsum(op, xs, ranges)
+
+
+@dataclass(frozen=True)
+class _SdpaPlan:
+    """How one attention op's operands map onto torch's (N, H, L, E) sdpa layout."""
+    shared: str     # batch modes k and v have too (the kv heads)
+    group: str      # batch modes only q has (query heads per kv head)
+    names: tuple[str, ...]
+    out: str
+
+
+# Plans depend on the op only; ops hash by value, so a plan is shared by equal ops.
+PLAN_CACHE_SIZE = 1024
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _sdpa_plan(op: "Op") -> "_SdpaPlan | None":
+    from .ir import flat_modes
+    p = op.param
+    qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
+    names = tuple("".join(flat_modes(d)) for d in op.in_dims)
+    nq, nk, nv = names[:3]
+    batch = [m for m in op.out_modes if m not in qm and m not in fm]
+    if any(m not in nq for m in batch) or not qm or not km or not fm:
+        return None
+    shared = "".join(m for m in batch if m in nk)
+    group = "".join(m for m in batch if m not in nk)
+    if any(m in nv for m in group) or set(nk) - set(shared + km + em) \
+            or set(nv) - set(shared + km + fm) or set(nq) - set(shared + group + qm + em) \
+            or set(op.out_modes) != set(shared + group + qm + fm):
+        return None
+    if len(names) > 3 and set(names[3]) - set(shared + group + qm + km):
+        return None
+    return _SdpaPlan(shared, group, names, "".join(op.out_modes))
+
+
+def _to(t: torch.Tensor, have: str, want: str, ext: dict[str, int]) -> torch.Tensor:
+    """Permute the per-mode view `t` (modes `have`) to `want`; absent modes become size 1."""
+    present = [m for m in want if m in have]
+    t = t.permute([have.index(m) for m in present]) if list(present) != list(have) else t
+    return t.reshape([ext[m] if m in have else 1 for m in want]) if len(present) != len(want) \
+        else t
+
+
+def _attention_sdpa(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges,
+                    plan: _SdpaPlan) -> torch.Tensor:
+    p = op.param
+    qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
+    ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
+    n = lambda ms: math.prod(ext[m] for m in ms)  # noqa: E731
+    fine = _fine_blocks(op, xs, ranges)
+    sh, gr = plan.shared, plan.group
+    q = _to(fine[0], plan.names[0], sh + gr + qm + em, ext).reshape(1, n(sh + gr), n(qm), n(em))
+    k = _to(fine[1], plan.names[1], sh + km + em, ext)
+    v = _to(fine[2], plan.names[2], sh + km + fm, ext)
+    k = k.expand([ext[m] for m in sh + km + em]).reshape(1, n(sh), n(km), n(em))
+    v = v.expand([ext[m] for m in sh + km + fm]).reshape(1, n(sh), n(km), n(fm))
+    mask = None
+    causal = False
+    if p.get("causal", False):
+        (q0, _), (k0, _) = ranges[qm[0]], ranges[km[0]]
+        if len(qm) == 1 and len(km) == 1 and q0 == k0:
+            causal = True  # local and global positions agree: torch's top-left causal mask
+        else:
+            pq = _positions(qm, op, ranges, q.device)
+            pk = _positions(km, op, ranges, q.device)
+            mask = pk[None, :] <= pq[:, None]
+    if len(xs) > 3:
+        add = _to(fine[3], plan.names[3], sh + gr + qm + km, ext)
+        add = add.expand([ext[m] for m in sh + gr + qm + km]).reshape(1, n(sh + gr), n(qm), n(km))
+        add = add.to(q.dtype)
+        mask = add if mask is None else add.masked_fill(~mask, float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=p["scale"],
+        enable_gqa=n(gr) > 1)
+    if mask is not None:  # a fully masked row is NaN in torch; it contributes nothing here
+        out = torch.nan_to_num(out, nan=0.0)
+    out = out.reshape([ext[m] for m in sh + gr + qm + fm])
+    have = sh + gr + qm + fm
+    return out.permute([have.index(m) for m in plan.out]) if have != plan.out else out
+
+
+def _attention_einsum(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+    """Any layout the sdpa path does not take: scores, mask, float softmax, probs·v."""
     from .ir import flat_modes
     p = op.param
     qm, km, fm = p["q"], p["k"], p["f"]
@@ -179,8 +267,9 @@ def _attention_flops(op: "Op") -> int:
     size = lambda ms: math.prod(op.size[m] for m in ms)  # noqa: E731
     batch = size(m for m in op.out_modes if m not in p["q"] and m not in p["f"])
     scores = batch * size(p["q"]) * size(p["k"])
-    work = 2 * scores * (size(p["e"]) + size(p["f"])) + SOFTMAX_OPS_PER_SCORE * scores
-    return int(work * (0.5 if p.get("causal", False) else 1.0))
+    # Causal attention counts every score: the CPU kernel computes the masked half too (torch's
+    # sdpa takes as long causal as not), and split queries need an explicit mask.
+    return 2 * scores * (size(p["e"]) + size(p["f"])) + SOFTMAX_OPS_PER_SCORE * scores
 
 
 def _embedding(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:

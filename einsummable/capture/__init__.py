@@ -9,7 +9,8 @@ Parameters and buffers become inputs of kind "weight" named by their module path
 arguments. Values that depend on no input are folded into constants (a causal mask stays the
 compact `causal_mask` constant at any size). Views are read in place by the op that consumes
 them and chains of elementwise ops fuse into one join, so the op count is about that of a
-hand-built graph. Modules on the meta device capture without allocating weights.
+hand-built graph; attention and RMSNorm chains then fuse into single kernels (`fuse=False`
+keeps them spelled out). Modules on the meta device capture without allocating weights.
 
 The export keeps high-level ops (linear, matmul, softmax, layer_norm, sdpa); an op with no
 mapping is decomposed to core ATen when PyTorch has a decomposition for it, and only an op
@@ -40,9 +41,20 @@ __all__ = ["trace", "bind", "supported_ops"]
 _MAX_DECOMPOSITION_ROUNDS = 8
 
 
-def trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
-          ) -> Graph:
-    """Capture `module(*args, **kwargs)` as a Graph (see the module docstring)."""
+def trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+          *, fuse: bool = True) -> Graph:
+    """Capture `module(*args, **kwargs)` as a Graph (see the module docstring). With `fuse`
+    (the default) spelled-out attention and RMSNorm chains become fused kernels
+    (`einsummable.fuse`); `fuse=False` keeps the plain join-agg ops."""
+    graph = _trace(module, args, kwargs)
+    if not fuse:
+        return graph
+    from ..fuse import fuse as fuse_graph
+    return fuse_graph(graph)
+
+
+def _trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+           ) -> Graph:
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     try:
         ep = torch.export.export(module, args, dict(kwargs or {}), strict=False)

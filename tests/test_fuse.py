@@ -1,0 +1,133 @@
+"""Fusion passes: a fused graph computes what the unfused one does (reference, 1e-5), fires only
+on chains whose intermediates are their own, and its fused ops split like their specs say."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from einsummable.builder import Builder
+from einsummable.capture import bind, trace
+from einsummable.fuse import fuse, fuse_attention, fuse_rms_norm
+from einsummable.models import preset
+from einsummable.models.llama_ir import llama_block_graph
+from einsummable.reference import evaluate, evaluate_by_tuples, evaluate_op
+from einsummable.spec import decompositions
+
+TOL = 1e-5
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-6)).item()
+
+
+def _seeded(graph, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return {t.name: torch.randn(t.shape, generator=gen) for t in graph.inputs}
+
+
+def _same(g, f, ins):
+    a, b = evaluate(g, ins), evaluate(f, ins)
+    for name in g.outputs:
+        assert _rel(b[name], a[name]) <= TOL, name
+
+
+def _attention_graph(h=4, kvh=4, causal=True, mask=False, s=12):
+    b = Builder()
+    q = b.input("q", (2, h, s, 8))
+    k = b.input("k", (2, kvh, s, 8))
+    v = b.input("v", (2, kvh, s, 6))
+    m = b.input("m", (s, s)) if mask else None
+    return b.build([b.attention(q, k, v, causal=causal, mask=m)])
+
+
+@pytest.mark.parametrize("h,kvh,causal,mask", [(4, 4, True, False), (4, 2, True, False),
+                                               (4, 2, False, False), (4, 4, False, True),
+                                               (4, 1, True, True)])
+def test_builder_attention_fuses_to_one_exact_op(h, kvh, causal, mask):
+    g = _attention_graph(h, kvh, causal, mask)
+    f = fuse_attention(g)
+    assert len(f.ops) == 1 and f.ops[0].fused == "attention", f.summary()
+    op = f.ops[0]
+    assert op.param["causal"] == (causal and not mask)  # the builder: a mask replaces causal
+    assert len(op.inputs) == 3 + mask
+    _same(g, f, _seeded(g))
+    # batch, heads (and query groups) and queries split; keys, head width, value width do not
+    assert set(op.param["q"]) <= op.splittable
+    assert not (set(op.param["k"] + op.param["e"] + op.param["f"]) & op.splittable)
+
+
+@pytest.mark.parametrize("causal,mask", [(True, False), (False, True)])
+def test_fused_attention_decompositions_match_whole(causal, mask):
+    g = fuse_attention(_attention_graph(4, 2, causal, mask))
+    op = g.ops[0]
+    ins = _seeded(g, 1)
+    blocks = [ins[n] for n in op.inputs]
+    whole = evaluate_op(op, blocks)
+    decs = decompositions(op, 4)
+    assert any(d.part.get(m, 1) > 1 for d in decs for m in op.param["q"])
+    for dec in decs:
+        assert _rel(evaluate_by_tuples(op, dec, blocks), whole) <= TOL, dec
+
+
+def test_llama_block_fuses_attention_and_norms():
+    m, (x,) = preset("llama-tiny", batch=2, seq=16)
+    h = llama_block_graph(m.config, 2, 16)
+    f = fuse(h)
+    assert [op.fused for op in f.ops if op.fused] == ["rms_norm", "attention", "rms_norm"]
+    assert len(f.ops) == len(h.ops) - 10  # softmax 4, scores, mask add, 2 views; 2 norms
+    assert not any(op.is_view for op in f.ops)
+    assert f.bytes < h.bytes
+    ins = {"x": x, **{k: v.detach() for k, v in m.named_parameters()}}
+    _same(h, f, ins)
+
+
+def test_trace_fuses_by_default_and_not_with_fuse_false():
+    m, (x,) = preset("llama-tiny", batch=2, seq=16)
+    g, plain = trace(m, (x,)), trace(m, (x,), fuse=False)
+    assert sum(op.fused == "attention" for op in g.ops) == 1
+    assert not any(op.fused for op in plain.ops)
+    assert any(op.agg == "max" for op in plain.ops)
+    ins = bind(g, m, (x,))
+    _same(plain, g, ins)
+    with torch.no_grad():
+        assert _rel(evaluate(g, ins)[g.outputs[0]], m(x)) <= TOL
+
+
+def test_no_fusion_when_an_intermediate_has_another_reader():
+    class Probs(nn.Module):
+        def forward(self, q, k, v):
+            p = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+            return p @ v, p.sum(-1)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=gen) for _ in range(3))
+    g = trace(Probs(), (q, k, v))
+    assert not any(op.fused == "attention" for op in g.ops)
+    outs = evaluate(g, bind(g, Probs(), (q, k, v)))
+    assert _rel(outs[g.outputs[0]], Probs()(q, k, v)[0]) <= TOL
+
+
+def test_rms_norm_fusion_keeps_rows_splittable():
+    b = Builder()
+    x = b.input("x", (3, 5, 16))
+    w = b.weight("w", (16,))
+    g = b.build([b.rms_norm(x, w, 1e-5) * 2.0])
+    f = fuse_rms_norm(g)
+    op = next(o for o in f.ops if o.fused == "rms_norm")
+    assert op.splittable == frozenset(op.out_modes[:-1])
+    assert len(f.ops) == len(g.ops) - 1
+    _same(g, f, _seeded(g))
+    ins = _seeded(g)
+    for dec in decompositions(op, 3):
+        blocks = [ins[n] for n in op.inputs]
+        assert _rel(evaluate_by_tuples(op, dec, blocks), evaluate_op(op, blocks)) <= TOL
+
+
+def test_fusion_flops_are_the_two_matmuls_and_softmax():
+    g = fuse_attention(_attention_graph(4, 2, True, False, s=12))
+    op = g.ops[0]
+    scores = 2 * 4 * 12 * 12
+    assert op.flops == 2 * scores * (8 + 6) + 7 * scores  # causal counted in full
