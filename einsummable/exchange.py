@@ -288,17 +288,26 @@ def _meets(a: Region, b: Region) -> bool:
     return True
 
 
+def _by_region(pool: list[tuple[Region, int, int]]) -> dict[Region, list[int]]:
+    out: dict[Region, list[int]] = {}
+    for i, src in enumerate(pool):
+        out.setdefault(src[0], []).append(i)
+    return out
+
+
 def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
           needs: Iterable[tuple[Region, int]]) -> None:
     """Cover each need from full sources (region, device, ready round), nearest first.
 
     Only sources that meet the need can cover any part of it, so the others are dropped
-    before ordering (the order of the survivors, and hence every transfer, is unchanged)."""
+    before ordering (the order of the survivors, and hence every transfer, is unchanged).
+    Sources are indexed by region: relayed copies of one block share one overlap test."""
     naive = b.naive
     owned = list(sources)
+    index = _by_region(owned)
     for q, d in dict.fromkeys(needs):
         pool = owned if naive else sources
-        hit = [i for i in range(len(pool)) if _meets(pool[i][0], q)]
+        hit = [i for reg, ids in index.items() if _meets(reg, q) for i in ids]
         if naive:  # the reader's own blocks, then owners in layout order
             hit.sort(key=lambda i: (pool[i][1] != d, i))
         else:
@@ -325,7 +334,9 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
             raise PlanError(f"tensor {b.info.name!r}: region {todo[0]} needed on device {d} is "
                             "held by no device", fix="the producer layout must cover the tensor")
         if not naive:
-            sources.extend((cut, d, rnd) for cut, rnd in got)
+            for cut, rnd in got:
+                index.setdefault(cut, []).append(len(sources))
+                sources.append((cut, d, rnd))
 
 
 def _reduce_partials(b: _Builder, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],

@@ -658,10 +658,13 @@ def _store(path: Path, plan) -> None:
 def optimize(graph: Graph, topology, time_limit_s: float | None = None,
              weights: str = "sharded", steady_state: bool = False, *, solver: str = "highs",
              cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
-             exchange_mode: str = "optimized", warm_start: bool = True):
+             exchange_mode: str = "optimized", warm_start: bool = True,
+             pricer: EdgePricer | None = None):
     """The MIP-optimal Plan for `graph` on `topology` (see the module docstring).
 
     cache: True (default directory, or $EINSUMMABLE_CACHE_DIR), a directory, or False.
+    pricer: an EdgePricer for this topology and cost model to reuse (its memo is shared with
+    later builds, e.g. of named plans on the same graph); None makes a fresh one.
     """
     from .topology import load_topology
     t0 = time.perf_counter()
@@ -674,7 +677,7 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
         hit = _load_cached(path, graph, topology)
         if hit is not None:
             return hit
-    model = build_model(graph, topology, options)
+    model = build_model(graph, topology, options, pricer=pricer)
     warm = None
     best_named = None
     if warm_start:

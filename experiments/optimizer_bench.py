@@ -15,7 +15,7 @@ import sys
 import time
 
 import einsummable.optimize  # noqa: F401
-from einsummable.cost import compute_floor
+from einsummable.cost import EdgePricer, compute_floor
 from einsummable.models.llama_ir import llama_block_graph
 from einsummable.models.presets import preset_config
 from einsummable.named import STRATEGIES
@@ -40,11 +40,13 @@ def main() -> int:
         topo = load_topology(tn)
         for name in a.models:
             g = llama_block_graph(preset_config(name), a.batch, a.seq, "float16", a.stack)
+            pricer = EdgePricer(topo)  # one memo: the named plans reuse the optimizer's prices
             t0 = time.perf_counter()
-            plan = O.optimize(g, topo, weights="sharded", steady_state=True, cache=False)
+            plan = O.optimize(g, topo, weights="sharded", steady_state=True, cache=False,
+                              pricer=pricer)
             wall = time.perf_counter() - t0
-            sharded = O.build_model(g, topo, O.Options("sharded", True))
-            free = O.build_model(g, topo, O.Options("free", True))
+            sharded = O.build_model(g, topo, O.Options("sharded", True), pricer=pricer)
+            free = O.build_model(g, topo, O.Options("free", True), pricer=pricer)
             named = {s: O.named_plan(g, topo, s, steady_state=True,
                                      model=free if s == "data-parallel" else sharded).objective_s
                      for s in STRATEGIES}
