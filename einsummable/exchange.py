@@ -16,9 +16,10 @@ optimized mode a delivered region becomes a source itself (ready after its round
 read by several devices behind a slow link crosses it once and is relayed on the fast side; the
 tie-break "earlier ready first" stops relays from forming long chains where links are equal.
 
-*Partial* (S > 1). For every output block B and every distinct needed box X = Q ∩ B, one
-reader r of X (the one holding most slices locally) becomes its reducer. One holder per slice
-is chosen (r itself, else the nearest), and the holders are folded level by level of the
+*Partial* (S > 1). For every output block B and every distinct needed box X = Q ∩ B with k
+readers, X is cut along its longest dim into k chunks and chunk i is reduced at reader i
+(reduce-scatter; with one reader, that reader). For each chunk X and its reducer r, one
+holder per slice is chosen (r itself, else the nearest), and the holders are folded level by level of the
 topology's hierarchy, slow to fast: holders in other groups of the coarsest level first fold
 inside their group to the member nearest r, and only that one value crosses the slow level
 (partial sums inside a node first). At the finest level the values travel straight to r and r
@@ -362,9 +363,31 @@ def _reduce_partials(b: _Builder, produced: Sequence[Piece], needs: Sequence[tup
                 for d in devs:
                     full.append((x, d, _fold_direct(b, x, d, holders)))
                 continue
-            r = max(devs, key=lambda d: (sum(d in h for h in holders.values()), -d))
-            full.append((x, r, _fold_tree(b, x, r, holders)))
+            for chunk, r in _scatter(x, devs, holders, b.elem):
+                full.append((chunk, r, _fold_tree(b, chunk, r, holders)))
     return full
+
+
+def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
+             itemsize: int) -> list[tuple[Region, int]]:
+    """Reduce-scatter: with k readers of x, cut x along its longest dim into k chunks and fold
+    chunk i at reader i, so the fold's inbound bytes and the later multicast spread over k
+    devices' ports instead of one (the all-reduce pattern then costs what a ring costs).
+    Chunks stay at least RANK_REFERENCE_BYTES, below which latency, not bandwidth, dominates."""
+    by_slices = sorted(readers, key=lambda d: (-sum(d in h for h in holders.values()), d))
+    dim = max(range(len(x)), key=lambda i: (x[i][1] - x[i][0], -i))
+    lo, hi = x[dim]
+    worth = int(volume(x) * itemsize // RANK_REFERENCE_BYTES)
+    k = min(len(by_slices), hi - lo, max(worth, 1))
+    if k <= 1:
+        return [(x, by_slices[0])]
+    base, extra = divmod(hi - lo, k)
+    out, start = [], lo
+    for i, r in enumerate(sorted(by_slices[:k])):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((x[:dim] + ((start, stop),) + x[dim + 1:], r))
+        start = stop
+    return out
 
 
 def _fold_direct(b: _Builder, x: Region, d: int, holders: dict[int, list[int]]) -> int:
