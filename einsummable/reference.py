@@ -5,7 +5,7 @@ per tuple, so a plan and the reference share one definition of each op's arithme
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -31,42 +31,111 @@ def _fine(t: torch.Tensor, dims: Dims, ext: dict[str, int]) -> torch.Tensor:
 def evaluate_op(op: Op, blocks: Sequence[torch.Tensor],
                 ranges: Mapping[str, Range] | None = None) -> torch.Tensor:
     """Run `op` on input blocks. `ranges` gives each mode's global range (default: whole)."""
-    rng = dict(ranges) if ranges is not None else {m: (0, op.size[m]) for m in op.modes}
-    ext = {m: hi - lo for m, (lo, hi) in rng.items()}
-    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+    if ranges is None:
+        ranges = {m: (0, op.size[m]) for m in op.modes}
     if op.fused is not None:
+        rng = dict(ranges)
+        out_shape = [math.prod(rng[m][1] - rng[m][0] for m in g) for g in op.out_dims]
         return run_kernel(op, blocks, rng).reshape(out_shape)
-    fine = [_fine(b, d, ext) for b, d in zip(blocks, op.in_dims)]
+    ext = tuple(ranges[m][1] - ranges[m][0] for m in op.modes)
+    return _plan(op, ext)(blocks)
+
+
+# Executors run the same op on blocks of the same extents again and again: each (op, block
+# extents) pair gets its subscripts, permutations and shapes worked out once.
+PLAN_CACHE_SIZE = 4096
+_Plan = Callable[[Sequence[torch.Tensor]], torch.Tensor]
+
+
+def _plan(op: Op, ext_t: tuple[int, ...]) -> _Plan:
+    key = (id(op), ext_t)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    if len(_PLANS) >= PLAN_CACHE_SIZE:
+        _PLANS.clear()
+    plan = _make_plan(op, dict(zip(op.modes, ext_t)))
+    _PLANS[key] = (op, plan)  # the op is kept so its id cannot be reused while cached
+    return plan
+
+
+_PLANS: dict[tuple[int, tuple[int, ...]], tuple[Op, _Plan]] = {}
+
+
+def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
+    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+    fine_shapes = [[ext[m] for g in d for m in g] for d in op.in_dims]
     letters = {m: _LETTERS[i] for i, m in enumerate(op.modes)}
     present = [m for m in op.out_modes if any(m in flat_modes(d) for d in op.in_dims)]
     product = op.join.scaled_product()
     if product is not None and op.agg in ("sum", None) and product[0] \
-            and sorted(set(product[0])) == list(range(len(blocks))):
+            and sorted(set(product[0])) == list(range(len(op.inputs))):
         # A scaled product of inputs folded by sum is an einsum: no broadcast intermediate.
         factors, scale = product
         subs = ",".join("".join(letters[m] for m in flat_modes(op.in_dims[i])) for i in factors)
-        result = torch.einsum(subs + "->" + "".join(letters[m] for m in present),
-                              *(fine[i] for i in factors))
-        if scale != 1.0:
-            result = result * scale
-        return result.reshape(out_shape)
+        eq = subs + "->" + "".join(letters[m] for m in present)
+        shapes = [fine_shapes[i] for i in factors]
+        mm = _matmul_plan(op, factors, present, ext) if scale == 1.0 else None
+        if mm is not None:
+            return mm
+
+        def run_einsum(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+            result = torch.einsum(eq, *(blocks[i].reshape(s) for i, s in zip(factors, shapes)))
+            if scale != 1.0:
+                result = result * scale
+            return result.reshape(out_shape)
+        return run_einsum
     # General path: broadcast every operand over all modes, join, fold the aggregated modes.
-    order = [m for m in op.modes]
-    aligned = []
-    for t, d in zip(fine, op.in_dims):
+    order = list(op.modes)
+    views = []
+    for d, shape in zip(op.in_dims, fine_shapes):
         have = flat_modes(d)
         perm = sorted(range(len(have)), key=lambda i: order.index(have[i]))
-        t = t.permute(perm)
         view = [ext[m] if m in have else 1 for m in order]
-        aligned.append(t.reshape(view))
-    joined = eval_expr(op.join, aligned)
+        views.append((shape, perm if perm != list(range(len(have))) else None, view))
     agg_axes = tuple(i for i, m in enumerate(order) if m not in op.out_modes)
-    if op.agg is None:
-        result = joined.reshape([joined.shape[i] for i in range(len(order)) if i not in agg_axes])
-    else:
-        result = reduce(op.agg, joined, agg_axes)
-    # Modes absent from every input were size-1 output dims: reshape restores them.
-    return result.reshape(out_shape)
+    join, agg = op.join, op.agg
+
+    def run_general(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+        aligned = []
+        for t, (shape, perm, view) in zip(blocks, views):
+            t = t.reshape(shape)
+            if perm is not None:
+                t = t.permute(perm)
+            aligned.append(t.reshape(view))
+        joined = eval_expr(join, aligned)
+        result = joined if agg is None else reduce(agg, joined, agg_axes)
+        # Modes absent from every input were size-1 output dims: reshape restores them.
+        return result.reshape(out_shape)
+    return run_general
+
+
+def _matmul_plan(op: Op, factors: tuple[int, ...], present: list[str],
+                 ext: dict[str, int]) -> _Plan | None:
+    """x[..., k] · w[n, k] (or w[k, n]) -> out[..., n] with x read in order: one torch.matmul
+    on the stored layouts, no einsum permutations (the projections of every block)."""
+    if len(factors) != 2 or len(set(factors)) != 2 or op.agg != "sum":
+        return None
+    dx, dw = (flat_modes(op.in_dims[i]) for i in factors)
+    for xi, wi, xd, wd in ((factors[0], factors[1], dx, dw), (factors[1], factors[0], dw, dx)):
+        if len(wd) != 2:
+            continue
+        k = [m for m in wd if m in xd]
+        if len(k) != 1 or xd[-1] != k[0] or xd.count(k[0]) != 1:
+            continue
+        n = wd[1 - wd.index(k[0])]
+        if n in xd or present != list(xd[:-1]) + [n]:
+            continue
+        out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+        xs = [math.prod(ext[m] for m in xd[:-1]), ext[k[0]]]
+        ws = [ext[m] for m in wd]
+        trans = wd[0] == n
+
+        def run(blocks: Sequence[torch.Tensor], xi=xi, wi=wi) -> torch.Tensor:
+            w = blocks[wi].reshape(ws)
+            return torch.matmul(blocks[xi].reshape(xs), w.t() if trans else w).reshape(out_shape)
+        return run
+    return None
 
 
 def materialize(const: Constant, info: TensorInfo, region: Region | None = None,
