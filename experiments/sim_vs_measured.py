@@ -10,9 +10,10 @@ starts after a p2p barrier and lasts until the slowest rank ends (job transport 
 one warm-up round, then `--rounds` rounds that run every plan once each (interleaved, so drift
 hits all plans alike), median per plan. Prints both per plan and the Pearson r.
 
-1-rank section: the same graph lowered for one rank and run by the local executor and by a
-1-rank gloo pool, against (a) eager torch running the nn.Module forward (the yardstick) and
-(b) the reference evaluator of the graph. Ratios > 1 mean the program is slower.
+1-rank section: the same graph, fused (attention and RMSNorm kernels, `einsummable.fuse`),
+lowered for one rank and run by the local executor and by a 1-rank gloo pool, against (a) eager
+torch running the nn.Module forward (the yardstick) and (b) the reference evaluator of the
+fused graph; `local_unfused` runs the spelled-out graph. Ratios > 1 mean the program is slower.
 """
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ def header(argv) -> str:
             f"torch {torch.__version__}, python {platform.python_version()}\n# date: {stamp}")
 
 
-def tiny(batch: int, seq: int):
+def tiny(batch: int, seq: int, fused: bool = False):
+    from einsummable.fuse import fuse
     from einsummable.models import preset
     from einsummable.models.llama_ir import llama_block_graph
     module, (x,) = preset("llama-tiny", batch=batch, seq=seq)
     g = llama_block_graph(module.config, batch, seq)
+    g = fuse(g) if fused else g
     return module, x, g, {"x": x, **{k: v.detach() for k, v in module.named_parameters()}}
 
 
@@ -135,31 +138,40 @@ def sim_vs_measured(args, topo) -> float:
     return r
 
 
+def _one_rank_low(g):
+    ch = {op.name: place(op, {}, [0]) for op in g.ops}
+    ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
+    return lower(g, ch, synthetic(1))
+
+
 def one_rank(args) -> None:
     """1-rank program vs eager torch of the same model at a few sizes."""
     torch.set_num_threads(threads_per_rank(1))
-    print(f"\n1-rank program vs eager torch ({torch.get_num_threads()} threads); "
-          f"median of {args.rounds * 3} interleaved rounds")
+    rounds = args.rounds * 3
+    print(f"\n1-rank program vs eager torch ({torch.get_num_threads()} threads here and in the "
+          f"gloo worker); median of {rounds} interleaved rounds")
     print(f"{'size':>12} {'module_ms':>10} {'reference_ms':>13} {'local_ms':>9} {'gloo1_ms':>9}"
-          f" {'local/module':>13} {'gloo1/module':>13} {'local/reference':>16}")
+          f" {'unfused_ms':>11} {'local/module':>13} {'gloo1/module':>13} {'local/reference':>16}"
+          f" {'unfused/module':>15}")
     pools = Pools()
     try:
         pool = pools.get("gloo", 1)
         for batch, seq in args.sizes:
-            module, x, g, ins = tiny(batch, seq)
-            ch = {op.name: place(op, {}, [0]) for op in g.ops}
-            ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
-            low = lower(g, ch, synthetic(1))
+            module, x, g, ins = tiny(batch, seq, fused=True)
+            low = _one_rank_low(g)
+            plain = _one_rank_low(tiny(batch, seq)[2])
             consts: dict = {}  # constant blocks (masks, rotary tables) generated once per plan
+            plain_consts: dict = {}
             with torch.no_grad():
                 fns = {"module": wall(lambda: module(x)), "reference": wall(lambda: evaluate(g, ins)),
                        "local": wall(lambda: run_local(low, ins, consts=consts)),
-                       "gloo1": lambda: pool.time(low, ins)}
-                t = interleaved(fns, args.rounds * 3, warmup=2)
+                       "gloo1": lambda: pool.time(low, ins),
+                       "unfused": wall(lambda: run_local(plain, ins, consts=plain_consts))}
+                t = interleaved(fns, rounds, warmup=2)
             print(f"{f'b{batch} s{seq}':>12} {t['module'] * 1e3:10.3f} {t['reference'] * 1e3:13.3f}"
-                  f" {t['local'] * 1e3:9.3f} {t['gloo1'] * 1e3:9.3f} "
+                  f" {t['local'] * 1e3:9.3f} {t['gloo1'] * 1e3:9.3f} {t['unfused'] * 1e3:11.3f} "
                   f"{t['local'] / t['module']:13.3f} {t['gloo1'] / t['module']:13.3f} "
-                  f"{t['local'] / t['reference']:16.3f}")
+                  f"{t['local'] / t['reference']:16.3f} {t['unfused'] / t['module']:15.3f}")
     finally:
         pools.close()
 
@@ -176,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--sizes", type=_size, nargs="*", default=[(1, 32), (4, 64), (8, 128), (8, 256)],
+    ap.add_argument("--sizes", type=_size, nargs="*", default=[(4, 64), (8, 128), (8, 256), (4, 512)],
                     help="BxS sizes of the 1-rank comparison")
     ap.add_argument("--skip-sim", action="store_true")
     ap.add_argument("--skip-one-rank", action="store_true")
