@@ -1,8 +1,8 @@
 """`einsummable plan --model NAME | --module path.py:Class --topology NAME`: optimise a plan.
 
-Models by preset name are built in the IR (`models.llama_ir`) for LLaMA presets and captured
-from a meta-device module otherwise; `--module` imports a file and captures `Class()` on an
-input of shape (batch, seq, dim) where dim comes from `--dim` or the class's `dim` attribute.
+Models by preset name are captured from their nn.Module built on the meta device (no weights
+are allocated); `--module` imports a file and captures `Class()` on an input of shape
+(batch, seq, dim) where dim comes from `--dim` or the class's `dim` attribute.
 """
 from __future__ import annotations
 
@@ -41,12 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_graph(args: argparse.Namespace):
     from ..errors import EinsummableError
     if args.model:
-        from ..models.presets import preset, preset_config
-        config = preset_config(args.model, args.width)
-        from ..models.llama import LlamaConfig
-        if isinstance(config, LlamaConfig):
-            from ..models.llama_ir import llama_block_graph
-            return llama_block_graph(config, args.batch, args.seq, args.dtype, args.layers)
+        from ..models.presets import preset
         import torch
         from ..capture import trace
         module, inputs = preset(args.model, args.batch, args.seq, device="meta",
