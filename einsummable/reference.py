@@ -12,7 +12,7 @@ import torch
 from .errors import EinsummableError, ShapeError
 from .ir import Constant, Dims, Graph, Op, TensorInfo, flat_modes
 from .kernels import run_kernel
-from .scalar import combine, evaluate as eval_expr, reduce
+from .scalar import FUNCTIONS, Expr, combine, evaluate as eval_expr, reduce
 from .spec import Decomposition, Range, Region, region_shape, tuples
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -94,7 +94,9 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
         view = [ext[m] if m in have else 1 for m in order]
         views.append((shape, perm if perm != list(range(len(have))) else None, view))
     agg_axes = tuple(i for i, m in enumerate(order) if m not in op.out_modes)
-    join, agg = op.join, op.agg
+    agg = op.agg
+    join = _compile(op.join)
+    full = torch.Size([max((v[2][i] for v in views), default=1) for i in range(len(order))])
 
     def run_general(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
         aligned = []
@@ -103,11 +105,46 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
             if perm is not None:
                 t = t.permute(perm)
             aligned.append(t.reshape(view))
-        joined = eval_expr(join, aligned)
+        joined = join(aligned)
+        if not isinstance(joined, torch.Tensor):  # a join of constants only
+            joined = torch.full(full, joined, dtype=blocks[0].dtype, device=blocks[0].device)
+        elif joined.shape != full:
+            joined = joined.expand(full)
         result = joined if agg is None else reduce(agg, joined, agg_axes)
         # Modes absent from every input were size-1 output dims: reshape restores them.
         return result.reshape(out_shape)
     return run_general
+
+
+def _compile(expr: Expr) -> Callable[[Sequence[torch.Tensor]], torch.Tensor | float]:
+    """A join as nested closures (what `scalar.evaluate` does, without walking the tree and
+    broadcasting shapes on every call); constant subtrees are folded once."""
+    if expr.fn == "arg":
+        i = int(expr.value)
+        return lambda xs: xs[i]
+    if expr.fn == "const" or expr.arity == 0:
+        value = eval_expr(expr, []).item() if expr.fn != "const" else expr.value
+        return lambda xs: value
+    parts = [_compile(a) for a in expr.args]
+    fn = FUNCTIONS[expr.fn][1]
+    if expr.fn == "pow":
+        (base,), exponent = parts, expr.value
+        return lambda xs: torch.pow(base(xs), exponent)
+    scalar_ok = expr.fn not in ("max", "min")  # torch.maximum has no scalar overload
+    consts = [a.fn == "const" or a.arity == 0 for a in expr.args]
+    if len(parts) == 1:
+        (a,) = parts
+        return lambda xs: fn(a(xs))
+    a, b = parts
+    if scalar_ok or not any(consts):
+        return lambda xs: fn(a(xs), b(xs))
+
+    def with_scalar(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        va, vb = a(xs), b(xs)
+        ref = va if isinstance(va, torch.Tensor) else vb
+        lift = lambda v: v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=ref.dtype)  # noqa: E731
+        return fn(lift(va), lift(vb))
+    return with_scalar
 
 
 def _matmul_plan(op: Op, factors: tuple[int, ...], present: list[str],
