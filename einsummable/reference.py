@@ -75,7 +75,10 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
         subs = ",".join("".join(letters[m] for m in flat_modes(op.in_dims[i])) for i in factors)
         eq = subs + "->" + "".join(letters[m] for m in present)
         shapes = [fine_shapes[i] for i in factors]
-        mm = _matmul_plan(op, factors, present, ext) if scale == 1.0 else None
+        mm = None
+        if scale == 1.0:
+            mm = (_small_contraction_plan(op, factors, present, ext)
+                  or _matmul_plan(op, factors, present, ext))
         if mm is not None:
             return mm
 
@@ -147,32 +150,80 @@ def _compile(expr: Expr) -> Callable[[Sequence[torch.Tensor]], torch.Tensor | fl
     return with_scalar
 
 
-def _matmul_plan(op: Op, factors: tuple[int, ...], present: list[str],
-                 ext: dict[str, int]) -> _Plan | None:
-    """x[..., k] · w[n, k] (or w[k, n]) -> out[..., n] with x read in order: one torch.matmul
-    on the stored layouts, no einsum permutations (the projections of every block)."""
+# A contraction this short against an operand this small (rotate-half's 2x2) runs as a few
+# broadcast multiply-adds: einsum would permute the big operand to a matmul of width 2.
+SMALL_CONTRACTION = 4
+SMALL_OPERAND = 16
+
+
+def _small_contraction_plan(op: Op, factors: tuple[int, ...], present: list[str],
+                            ext: dict[str, int]) -> _Plan | None:
     if len(factors) != 2 or len(set(factors)) != 2 or op.agg != "sum":
         return None
-    dx, dw = (flat_modes(op.in_dims[i]) for i in factors)
-    for xi, wi, xd, wd in ((factors[0], factors[1], dx, dw), (factors[1], factors[0], dw, dx)):
-        if len(wd) != 2:
-            continue
-        k = [m for m in wd if m in xd]
-        if len(k) != 1 or xd[-1] != k[0] or xd.count(k[0]) != 1:
-            continue
-        n = wd[1 - wd.index(k[0])]
-        if n in xd or present != list(xd[:-1]) + [n]:
-            continue
-        out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
-        xs = [math.prod(ext[m] for m in xd[:-1]), ext[k[0]]]
-        ws = [ext[m] for m in wd]
-        trans = wd[0] == n
+    dims = [flat_modes(op.in_dims[i]) for i in factors]
+    k = [m for m in dims[1] if m in dims[0] and m not in present]
+    sizes = [math.prod(ext[m] for m in d) for d in dims]
+    small = min(range(2), key=lambda i: sizes[i])
+    if len(k) != 1 or ext[k[0]] > SMALL_CONTRACTION or sizes[small] > SMALL_OPERAND \
+            or any(m not in present and m not in k for d in dims for m in d):
+        return None
+    order = present + k
+    views = []
+    for i, d in zip(factors, dims):
+        perm = [d.index(m) for m in order if m in d]
+        views.append(([ext[m] for m in d], perm, [ext[m] if m in d else 1 for m in order]))
+    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+    n = ext[k[0]]
 
-        def run(blocks: Sequence[torch.Tensor], xi=xi, wi=wi) -> torch.Tensor:
-            w = blocks[wi].reshape(ws)
-            return torch.matmul(blocks[xi].reshape(xs), w.t() if trans else w).reshape(out_shape)
-        return run
-    return None
+    def run(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+        a, b = (blocks[i].reshape(f).permute(p).reshape(v)
+                for i, (f, p, v) in zip(factors, views))
+        acc = a[..., 0] * b[..., 0]
+        for j in range(1, n):
+            acc = acc + a[..., j] * b[..., j]
+        return acc.reshape(out_shape)
+    return run
+
+
+def _matmul_plan(op: Op, factors: tuple[int, ...], present: list[str],
+                 ext: dict[str, int]) -> _Plan | None:
+    """A two-operand contraction with no batch modes (every shared mode summed, the others
+    kept) as one 2-D torch.matmul on the stored layouts: rows x columns, the output a permuted
+    view. The projections of every block take this path instead of einsum's permutations."""
+    if len(factors) != 2 or len(set(factors)) != 2 or op.agg != "sum":
+        return None
+    xi, wi = factors
+    dx, dw = flat_modes(op.in_dims[xi]), flat_modes(op.in_dims[wi])
+    k = [m for m in dw if m in dx]
+    rows = [m for m in dx if m not in k]
+    cols = [m for m in dw if m not in k]
+    if not k or sorted(present) != sorted(rows + cols) or len(present) != len(rows + cols):
+        return None
+    size = lambda ms: math.prod(ext[m] for m in ms)  # noqa: E731
+    x_fine, w_fine = [ext[m] for m in dx], [ext[m] for m in dw]
+    x_perm = None if list(dx) == rows + k else [dx.index(m) for m in rows + k]
+    if list(dw) == k + cols:
+        w_perm, w_t = None, False
+    elif list(dw) == cols + k:
+        w_perm, w_t = None, True
+    else:
+        w_perm, w_t = [dw.index(m) for m in cols + k], True
+    grid = [ext[m] for m in rows + cols]
+    have = rows + cols
+    out_perm = None if have == present else [have.index(m) for m in present]
+    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+    r, c, kk = size(rows), size(cols), size(k)
+
+    def run(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+        x, w = blocks[xi], blocks[wi]
+        if x_perm is not None:
+            x = x.reshape(x_fine).permute(x_perm)
+        if w_perm is not None:
+            w = w.reshape(w_fine).permute(w_perm)
+        w = w.reshape(c, kk).t() if w_t else w.reshape(kk, c)
+        y = torch.matmul(x.reshape(r, kk), w).reshape(grid)
+        return (y if out_perm is None else y.permute(out_perm)).reshape(out_shape)
+    return run
 
 
 def materialize(const: Constant, info: TensorInfo, region: Region | None = None,
