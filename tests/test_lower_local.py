@@ -136,3 +136,30 @@ def test_plan_for_more_devices_is_refused():
         pytest.skip("random plan happened to fit")
     with pytest.raises(PlanError, match="topology has 4"):
         lower(g, choice, TOPOS[4])
+
+
+@pytest.mark.parametrize("spec,shapes", [
+    ("bsd,fd->bsf", [(2, 3, 4), (5, 4)]), ("bsd,df->bsf", [(2, 3, 4), (4, 5)]),
+    ("bsd,(he)d->bhse", [(2, 3, 4), (6, 4)]), ("bhse,d(he)->bsd", [(2, 2, 3, 3), (5, 6)]),
+    ("abc(XY),XZ->abc(ZY)", [(2, 3, 4, 6), (2, 2)]), ("ij,jk->ki", [(3, 4), (4, 5)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)])])
+def test_evaluate_op_fast_paths_equal_einsum(spec, shapes):
+    """The cached matmul / small-contraction / einsum plans agree with torch.einsum, also on
+    blocks of every decomposition (other extents, other plans)."""
+    from einsummable.reference import evaluate_by_tuples, evaluate_op
+    b = Builder()
+    xs = [b.input(f"x{i}", s) for i, s in enumerate(shapes)]
+    sizes = {"Y": 3, "X": 2} if "XY" in spec else {"e": 3} if "(he)" in spec else None
+    y = b.einsum(spec, *xs, sizes=sizes)
+    g = b.build([y])
+    op = g.ops[0]
+    gen = torch.Generator().manual_seed(0)
+    blocks = [torch.randn(s, generator=gen) for s in shapes]
+    fine = [t.reshape([op.size[m] for grp in d for m in grp]) for t, d in zip(blocks, op.in_dims)]
+    letters = {m: chr(97 + i) for i, m in enumerate(op.modes)}
+    eq = ",".join("".join(letters[m] for grp in d for m in grp) for d in op.in_dims) + "->" + \
+        "".join(letters[m] for m in op.out_modes)
+    want = torch.einsum(eq, *fine).reshape(g.tensor(g.outputs[0]).shape)
+    assert torch.allclose(evaluate_op(op, blocks), want, atol=1e-6)
+    for dec in decompositions(op, 2):
+        assert torch.allclose(evaluate_by_tuples(op, dec, blocks), want, atol=1e-6)
