@@ -116,6 +116,19 @@ def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
             st.hold(info.name, r.device, r.region, r.out, out)
 
 
+def _covered(st: _State, name: str, dev: int, reg: Region) -> bool:
+    """Whether the whole (not partial) blocks of `name` held on dev cover `reg`."""
+    from .exchange import subtract
+    todo = [reg]
+    for r, s, _ in st.held.get(name, {}).get(dev, ()):
+        if s == ():
+            todo = [p for u in todo for p in ([u] if intersect(u, r) is None
+                                              else subtract(u, intersect(u, r)))]
+        if not todo:
+            return True
+    return not todo
+
+
 def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[tuple[Region, int], int]:
     """Buffers holding each (region, device) need of a tensor."""
     g = st.graph
@@ -128,8 +141,12 @@ def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[t
                 out[(q, d)] = b
         return out
     pieces, agg = st.layouts[info.name]
-    ex = synthesize(info, pieces, needs, agg, topology, mode)
-    _apply(st, info, ex, agg)
+    # A device that already holds a need whole (delivered for an earlier reader of the tensor)
+    # reuses it: exchanging it again would resend the same bytes.
+    todo = [(q, d) for q, d in needs if not _covered(st, info.name, d, q)]
+    if todo:
+        ex = synthesize(info, pieces, todo, agg, topology, mode)
+        _apply(st, info, ex, agg)
     for q, d in needs:
         if (q, d) not in out:
             out[(q, d)] = _assemble(st, info, d, q)

@@ -5,19 +5,21 @@ thread per rank: work on a rank is serialised): a send starts a flow and the ran
 receive is posted and the rank waits only when it reads the buffer. Every term comes from the
 topology (for cpu4: measured by `einsummable calibrate`):
 
-    overhead  = launch                     per instruction the runtime interprets (not Free/Output)
-    compute   = overhead + max(tuple_flops / peak(dtype), tuple_bytes / mem_bw)   (roofline:
+    launch    = per kernel: Compute, Reduce, Assemble, Const, the pack of a strided send, and
+                one per p2p batch (a run of Send/Recv issued as one NCCL group). Place, Slice
+                (views), Recv posting, Free and Output launch nothing.
+    compute   = launch + max(tuple_flops / peak(dtype), tuple_bytes / mem_bw)   (roofline:
                 matmuls are bound by the rate, elementwise ops by memory traffic)
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
-    reduce    = overhead + (inputs + 1) · bytes / mem_bw       (read every input, write one)
-    assemble  = overhead + 2 · bytes / mem_bw                  (read the parts, write the block)
-    const     = overhead + bytes / mem_bw
-    send      = overhead (+ 2 · bytes / mem_bw to pack a strided slice before it leaves)
-    recv      = overhead                   slice, place: overhead (views, no copy)
+    reduce    = launch + (inputs + 1) · bytes / mem_bw         (read every input, write one)
+    assemble  = launch + 2 · bytes / mem_bw                    (read the parts, write the block)
+    const     = launch + bytes / mem_bw
+    send      = launch + 2 · bytes / mem_bw to pack a strided slice before it leaves
 
-A flow crosses one link (lowering splits relayed transfers into hops). Flows on the same link
-resource share its bandwidth equally (progressive filling, recomputed at every start and end);
-a message is usable `latency` (the per-message cost of one small send/recv) after its last byte
+A send and its receive are one transfer: one flow that loads its link and, where the link names
+a port, the sender's egress and the receiver's ingress port (an NVSwitch GPU's 300 GB/s is its
+total to all peers). Rates are max-min fair over all of a flow's resources (progressive
+filling, recomputed at every start and end); a message is usable `latency` after its last byte
 leaves. Predicted time = the last rank's end.
 """
 from __future__ import annotations
@@ -42,6 +44,9 @@ class SimResult:
     rank_end_s: tuple[float, ...]
     compute_s: tuple[float, ...]
     link_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    # With trace=True: (rank, pc, kind, ready_s, start_s, end_s) per instruction run, where
+    # ready_s is when the rank reached it and start_s when its inputs were there.
+    trace: tuple[tuple[int, int, str, float, float, float], ...] = ()
 
     def __str__(self) -> str:
         busiest = sorted(self.link_bytes.items(), key=lambda kv: -kv[1])[:4]
@@ -53,8 +58,7 @@ class SimResult:
 @dataclass
 class _Flow:
     tag: int
-    resource: str
-    bw: float
+    resources: tuple[tuple[str, float], ...]  # (resource, its capacity in B/s) the bytes load
     latency: float
     remaining: float
     rate: float = 0.0
@@ -67,11 +71,27 @@ class _Network:
         self.arrived: dict[int, float] = {}
 
     def _rates(self) -> None:
-        count: dict[str, int] = {}
+        """Max-min fair rates (progressive filling): raise every unfrozen flow's rate together
+        until some resource is full, freeze the flows on it, repeat. A flow on an NVSwitch
+        link thus gets min(link, egress port share at its sender, ingress share at its
+        receiver), and bandwidth one flow cannot use goes to the others."""
+        cap: dict[str, float] = {}
+        users: dict[str, list[_Flow]] = {}
         for f in self.flows:
-            count[f.resource] = count.get(f.resource, 0) + 1
-        for f in self.flows:
-            f.rate = f.bw / count[f.resource]
+            for res, bw in f.resources:
+                cap[res] = bw
+                users.setdefault(res, []).append(f)
+        free = set(map(id, self.flows))
+        while free:
+            share, res = min((cap[r] / sum(id(f) in free for f in fl), r)
+                             for r, fl in users.items() if any(id(f) in free for f in fl))
+            for f in users[res]:
+                if id(f) in free:
+                    f.rate = share
+                    free.discard(id(f))
+                    for r, _ in f.resources:
+                        cap[r] -= share
+            del users[res]
 
     def next_done(self) -> float:
         return min((self.now + f.remaining / f.rate for f in self.flows), default=math.inf)
@@ -111,10 +131,30 @@ def _numel(shape) -> int:
     return math.prod(shape)
 
 
-def charged(ins) -> bool:
-    """Whether the runtime pays its per-instruction overhead (`launch`) for `ins`: everything
-    but the bookkeeping of Free and Output."""
-    return not isinstance(ins, Free | Output)
+# Instructions that run a kernel on the device. Place (the block is already resident), Slice
+# (a view), Recv (posting a receive), Free and Output are bookkeeping: no launch.
+KERNELS = (Compute, Reduce, Assemble, Const)
+
+
+def p2p_batches(instrs) -> set[int]:
+    """Indices of the instructions that open a point-to-point batch: each run of Send/Recv
+    goes out as one batch_isend_irecv (one NCCL group: one kernel launch). Host bookkeeping
+    between them (Slice views, Free, Place) does not end the run; a kernel does, and so does
+    forwarding a buffer the run itself receives (a relay must wait for it)."""
+    opens: set[int] = set()
+    open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, Slice | Free | Place):
+            continue
+        if not isinstance(ins, Send | Recv):
+            open_recvs = None
+            continue
+        if open_recvs is None or (isinstance(ins, Send) and ins.src in open_recvs):
+            opens.add(i)
+            open_recvs = set()
+        if isinstance(ins, Recv):
+            open_recvs.add(ins.out)
+    return opens
 
 
 def contiguous_slice(shape, region) -> bool:
@@ -125,7 +165,7 @@ def contiguous_slice(shape, region) -> bool:
     return not cuts or all(e == 1 for e in ext[:cuts[-1]])
 
 
-def simulate_programs(low: Lowered, topology: Any) -> SimResult:
+def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> SimResult:
     from ..topology import load_topology
     topo = load_topology(topology)
     g = low.graph
@@ -140,6 +180,7 @@ def simulate_programs(low: Lowered, topology: Any) -> SimResult:
     link_bytes: dict[tuple[int, int], int] = {}
     net = _Network()
     blocked: dict[int, int] = {}  # rank -> tag it waits for
+    events: list[tuple[int, int, str, float, float, float]] = []
 
     strided: list[set[int]] = [set() for _ in range(n)]  # bufs that are non-contiguous views
 
@@ -147,24 +188,27 @@ def simulate_programs(low: Lowered, topology: Any) -> SimResult:
         elem, shape = shapes[r][b]
         return elem * _numel(shape)
 
+    batch_opens = [p2p_batches(p.instrs) for p in low.programs]
+
     def cost(r: int, ins) -> float:
         dev = topo.devices[r]
-        overhead = dev.launch_s if charged(ins) else 0.0
+        launch = dev.launch_s
         if isinstance(ins, Compute):
             op = ops[ins.op]
             share = math.prod(hi - lo for lo, hi in ins.ranges) / math.prod(op.size.values())
             flops_s = op.flops * share / dev.peak(g.tensor(op.output).dtype)
             traffic = sum(nbytes(r, b) for b in ins.inputs) + nbytes(r, ins.out)
-            return overhead + max(flops_s, traffic / dev.mem_bw)
+            return launch + max(flops_s, traffic / dev.mem_bw)
         if isinstance(ins, Reduce):
-            return overhead + (len(ins.inputs) + 1) * nbytes(r, ins.out) / dev.mem_bw
+            return launch + (len(ins.inputs) + 1) * nbytes(r, ins.out) / dev.mem_bw
         if isinstance(ins, Assemble):
-            return overhead + 2 * nbytes(r, ins.out) / dev.mem_bw
+            return launch + 2 * nbytes(r, ins.out) / dev.mem_bw
         if isinstance(ins, Const):
-            return overhead + nbytes(r, ins.out) / dev.mem_bw
+            return launch + nbytes(r, ins.out) / dev.mem_bw
+        dt = launch if pc[r] in batch_opens[r] else 0.0  # the batch's one p2p kernel
         if isinstance(ins, Send) and ins.src in strided[r]:
-            return overhead + 2 * nbytes(r, ins.src) / dev.mem_bw
-        return overhead
+            dt += launch + 2 * nbytes(r, ins.src) / dev.mem_bw  # pack kernel: read, write
+        return dt
 
     def record_shape(r: int, ins) -> None:
         if isinstance(ins, Place | Const):
@@ -203,21 +247,22 @@ def simulate_programs(low: Lowered, topology: Any) -> SimResult:
         dt = cost(r, ins)
         if isinstance(ins, Compute):
             compute[r] += dt
+        if trace:
+            events.append((r, pc[r], type(ins).__name__, t[r], start, start + dt))
         t[r] = start + dt
         if isinstance(ins, Recv):
             recv_tag[r][ins.out] = ins.tag
         elif isinstance(ins, Send):
             size = nbytes(r, ins.src)
             link = topo.link(r, ins.peer)
-            if link is None:  # no direct link: charge the route's slowest link and latency
-                route = topo.route(r, ins.peer)
-                bw, lat, res = min(l.bw for l in route), sum(l.latency_s for l in route), \
-                    "route:%d->%d" % (r, ins.peer)
-            else:
-                bw, lat, res = link.bw, link.latency_s, link.resource
+            # No direct link (lowering splits relays into hops, so rare): the bytes load every
+            # link of the route at once (cut-through) and pay every latency.
+            route = (link,) if link is not None else topo.route(r, ins.peer)
+            res = tuple((l.resource, l.bw) for l in route) \
+                + tuple(p for l in route for p in l.port_resources)
             for tag in net.advance(t[r]):
                 wake(tag)
-            net.start(_Flow(ins.tag, res, bw, lat, float(size)))
+            net.start(_Flow(ins.tag, res, sum(l.latency_s for l in route), float(size)))
             link_bytes[(r, ins.peer)] = link_bytes.get((r, ins.peer), 0) + size
         elif not isinstance(ins, Free | Output):
             w = getattr(ins, "out", None)
@@ -256,7 +301,7 @@ def simulate_programs(low: Lowered, topology: Any) -> SimResult:
         from ..errors import RuntimeFault
         raise RuntimeFault(f"simulation deadlocked: ranks {sorted(blocked)} wait for messages",
                            fix="the programs are inconsistent; lower the plan again")
-    return SimResult(max(t), tuple(t), tuple(compute), link_bytes)
+    return SimResult(max(t), tuple(t), tuple(compute), link_bytes, tuple(events))
 
 
 def simulate(plan: Any, choice=None, topology=None, *, mode: str = "optimized") -> SimResult:
