@@ -20,7 +20,7 @@ from typing import Sequence
 from .errors import PlanError
 from .ir import Op, TensorInfo, make_op
 from .scalar import arg
-from .spec import Decomposition, Region, is_legal, tuples
+from .spec import Decomposition, Region, decompositions, is_legal, tuples
 
 INPUT_PREFIX = "input:"
 
@@ -123,3 +123,43 @@ def input_op(info: TensorInfo) -> Op:
     op = make_op(INPUT_PREFIX + info.name, f"{letters}->{letters}", [info.name], info.name,
                  {info.name: info.shape}, join=arg(0), source=info.source)
     return op
+
+
+def _with_inputs(graph, cand, input_cand=None) -> dict[str, Candidate]:
+    choice = {op.name: cand(op) for op in graph.ops}
+    for info in graph.inputs:
+        choice[INPUT_PREFIX + info.name] = (input_cand or cand)(input_op(info))
+    return choice
+
+
+def split_choice(graph, n: int, prefer: Sequence[str],
+                 inputs_on: int | None = None) -> dict[str, Candidate]:
+    """A hand-made plan: each op (and input) splits the first mode of `prefer` that divides n
+    ways, else runs replicated on all n devices; `inputs_on` stores every input on one device."""
+    def cand(op: Op) -> Candidate:
+        for m in prefer:
+            if m in op.modes and op.can_split(m) and op.size[m] % n == 0:
+                return place(op, {m: n}, list(range(n)))
+        return place(op, {}, list(range(n)))
+    on_one = None if inputs_on is None else (lambda op: place(op, {}, [inputs_on]))
+    return _with_inputs(graph, cand, on_one)
+
+
+def random_choice(graph, n: int, rng, *, exact: bool = False,
+                  scatter: float = 0.0) -> dict[str, Candidate]:
+    """A uniformly random legal plan on n devices (tests and random-plan baselines).
+
+    `exact` prefers decompositions with exactly n tuples; with probability `scatter` a
+    candidate's tuples go to arbitrary devices (repeats allowed) instead of a permutation."""
+    def cand(op: Op) -> Candidate:
+        decs = list(decompositions(op, n))
+        if exact:
+            decs = [d for d in decs if d.n_tuples == n] or decs
+        dec = rng.choice(decs)
+        if scatter and rng.random() < scatter:
+            devs = [rng.randrange(n) for _ in range(dec.n_tuples)]
+        else:
+            devs = list(range(n))
+            rng.shuffle(devs)
+        return place(op, dec.part, devs)
+    return _with_inputs(graph, cand)

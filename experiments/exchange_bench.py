@@ -20,9 +20,8 @@ import random
 
 from einsummable.builder import Builder
 from einsummable.compile import greedy_plan
-from einsummable.placement import INPUT_PREFIX, input_op, place
+from einsummable.placement import random_choice, split_choice
 from einsummable.runtime.simulate import simulate
-from einsummable.spec import decompositions
 from einsummable.topology import load_topology
 
 
@@ -42,32 +41,11 @@ def bushy_chain(n: int = 4096, leaves: int = 8):
 
 
 def split_plan(g, topo, prefer, inputs_on=None):
-    n = topo.world_size
-    def cand(op):
-        for m in prefer:
-            if m in op.modes and op.can_split(m) and op.size[m] % n == 0:
-                return place(op, {m: n}, list(range(n)))
-        return place(op, {}, list(range(n)))
-    ch = {op.name: cand(op) for op in g.ops}
-    for info in g.inputs:
-        iop = input_op(info)
-        ch[INPUT_PREFIX + info.name] = cand(iop) if inputs_on is None else place(iop, {}, [inputs_on])
-    return ch
+    return split_choice(g, topo.world_size, prefer, inputs_on)
 
 
 def random_plan(g, topo, seed):
-    rng = random.Random(seed)
-    n = topo.world_size
-    def cand(op):
-        decs = [d for d in decompositions(op, n) if d.n_tuples == n] or list(decompositions(op, n))
-        dec = rng.choice(decs)
-        devs = list(range(n))
-        rng.shuffle(devs)
-        return place(op, dec.part, devs)
-    ch = {op.name: cand(op) for op in g.ops}
-    for info in g.inputs:
-        ch[INPUT_PREFIX + info.name] = cand(input_op(info))
-    return ch
+    return random_choice(g, topo.world_size, random.Random(seed), exact=True)
 
 
 NAMED = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")

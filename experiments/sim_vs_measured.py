@@ -29,7 +29,7 @@ import time
 import torch
 
 from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, input_op, place
+from einsummable.placement import INPUT_PREFIX, input_op, place, random_choice
 from einsummable.reference import evaluate
 from einsummable.runtime.dist import Pools, threads_per_rank
 from einsummable.runtime.local import run_local
@@ -59,17 +59,7 @@ def tiny(batch: int, seq: int, fused: bool = False):
 
 
 def random_plan(g, n, seed):
-    rng = random.Random(seed)
-
-    def cand(op):
-        dec = rng.choice(decompositions(op, n))
-        devs = list(range(n))
-        rng.shuffle(devs)
-        return place(op, dec.part, devs)
-    ch = {op.name: cand(op) for op in g.ops}
-    for info in g.inputs:
-        ch[INPUT_PREFIX + info.name] = cand(input_op(info))
-    return ch
+    return random_choice(g, n, random.Random(seed))
 
 
 def plans(g, topo, n_random: int) -> dict[str, object]:

@@ -10,7 +10,7 @@ import torch
 
 from einsummable.errors import PlanError, RuntimeFault
 from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, input_op, place
+from einsummable.placement import INPUT_PREFIX, input_op, place, split_choice
 from einsummable.reference import evaluate
 from einsummable.runtime import run
 from einsummable.runtime.dist import Pools
@@ -37,16 +37,7 @@ def llama():
 
 def split_plan(g, n, prefer):
     """Split each op on the first mode of `prefer` it can split n ways, else replicate."""
-    from einsummable.spec import decompositions
-    def cand(op):
-        for m in prefer:
-            if m in op.modes and op.can_split(m) and op.size[m] % n == 0:
-                return place(op, {m: n}, list(range(n)))
-        return place(op, {}, list(range(n)))
-    ch = {op.name: cand(op) for op in g.ops}
-    for info in g.inputs:
-        ch[INPUT_PREFIX + info.name] = place(input_op(info), {}, [0])
-    return ch
+    return split_choice(g, n, prefer, inputs_on=0)
 
 
 def named_plans(g, topo):

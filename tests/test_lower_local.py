@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from einsummable.builder import Builder
 from einsummable.errors import PlanError
 from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, input_op, place
+from einsummable.placement import INPUT_PREFIX, input_op
+from einsummable.placement import random_choice as placement_random_choice
 from einsummable.reference import evaluate
 from einsummable.runtime.local import run_local
 from einsummable.runtime.program import Lowered
@@ -50,18 +51,7 @@ def random_graph(rng: random.Random):
 
 
 def random_choice(graph, n: int, rng: random.Random) -> dict:
-    def cand(op):
-        dec = rng.choice(decompositions(op, n))
-        if rng.random() < 0.25:
-            devs = [rng.randrange(n) for _ in range(dec.n_tuples)]
-        else:
-            devs = list(range(n))
-            rng.shuffle(devs)
-        return place(op, dec.part, devs)
-    choice = {op.name: cand(op) for op in graph.ops}
-    for info in graph.inputs:
-        choice[INPUT_PREFIX + info.name] = cand(input_op(info))
-    return choice
+    return placement_random_choice(graph, n, rng, scatter=0.25)
 
 
 def inputs_for(graph, seed: int) -> dict:
