@@ -3,8 +3,11 @@
 Walk the ops in order. For each input of each op, the producer's pieces and the consumer's
 needs go through `exchange.synthesize`; its transfers become Send/Recv pairs hop by hop (a relay
 receives and forwards), its folds become Reduce, and each need is cut (Slice) or stitched
-(Assemble) from the full buffers its device then holds. Each tuple becomes a Compute on every
-device that runs it. Graph outputs are delivered whole to rank 0 the same way. Finally every
+(Assemble) from the full buffers its device then holds; a received block that is only copied
+into place is received there directly (Alloc + Recv into a region). Each tuple becomes a Compute
+on every device that runs it. Weights do not depend on activations, so the exchanges of the next
+`prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
+(the simulator sends them in order on a low-priority stream). Graph outputs are delivered whole to rank 0 the same way. Finally every
 buffer is freed after its last read. All ranks are emitted in one global order (see program.py).
 """
 from __future__ import annotations
@@ -17,8 +20,8 @@ from .exchange import Exchange, contains, synthesize
 from .ir import Graph, TensorInfo
 from .placement import INPUT_PREFIX, Candidate, Piece, check_candidate, input_needs, input_op, \
     output_layout
-from .runtime.program import (Assemble, Compute, Const, Free, Lowered, Output, Place, Program,
-                              Recv, Reduce, Send, Slice, reads, writes)
+from .runtime.program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Place,
+                              Program, Recv, Reduce, Send, Slice, contiguous_slice, reads, writes)
 from .spec import Region, intersect, region_shape, tuples
 
 
@@ -33,6 +36,7 @@ class _State:
     instrs: list[list] = field(default_factory=list)
     next_buf: int = 0
     next_tag: int = 0
+    queue: int = 0  # prefetch queue number given to the Sends being emitted (0: at once)
     # tensor -> device -> [(region, slices, buf)]
     held: dict[str, dict[int, list[tuple[Region, tuple[int, ...], int]]]] = field(default_factory=dict)
 
@@ -103,7 +107,7 @@ def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
             for a, c in zip(t.hops, t.hops[1:]):
                 tag = st.next_tag
                 st.next_tag += 1
-                st.emit(a, Send(buf, c, tag))
+                st.emit(a, Send(buf, c, tag, st.queue))
                 new = st.buf()
                 st.emit(c, Recv(new, a, tag, region_shape(t.region), info.dtype))
                 buf = new
@@ -129,6 +133,15 @@ def _covered(st: _State, name: str, dev: int, reg: Region) -> bool:
     return not todo
 
 
+def _exchange(st: _State, info: TensorInfo, needs, mode: str, topology) -> None:
+    """Send every need of a tensor that its device does not already hold whole (delivered for
+    an earlier reader, or prefetched): exchanging it again would resend the same bytes."""
+    pieces, agg = st.layouts[info.name]
+    todo = [(q, d) for q, d in needs if not _covered(st, info.name, d, q)]
+    if todo:
+        _apply(st, info, synthesize(info, pieces, todo, agg, topology, mode), agg)
+
+
 def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[tuple[Region, int], int]:
     """Buffers holding each (region, device) need of a tensor."""
     g = st.graph
@@ -140,16 +153,57 @@ def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[t
                 st.emit(d, Const(b, info.name, q))
                 out[(q, d)] = b
         return out
-    pieces, agg = st.layouts[info.name]
-    # A device that already holds a need whole (delivered for an earlier reader of the tensor)
-    # reuses it: exchanging it again would resend the same bytes.
-    todo = [(q, d) for q, d in needs if not _covered(st, info.name, d, q)]
-    if todo:
-        ex = synthesize(info, pieces, todo, agg, topology, mode)
-        _apply(st, info, ex, agg)
+    _exchange(st, info, needs, mode, topology)
     for q, d in needs:
         if (q, d) not in out:
             out[(q, d)] = _assemble(st, info, d, q)
+    return out
+
+
+def _recv_in_place(instrs: list) -> list:
+    """Receives that an Assemble only copies into place land there directly instead.
+
+    A part qualifies when it is a whole received buffer that nothing else reads and its region
+    of the assembled buffer is contiguous (a transport writes one contiguous range). Its Recv
+    then targets that region of an Alloc placed before the first such Recv; the Assemble keeps
+    the other parts (filling the Alloc'd buffer) or disappears when none are left."""
+    readers: dict[int, int] = {}
+    for ins in instrs:
+        for b in reads(ins):
+            readers[b] = readers.get(b, 0) + 1
+    recv_at = {ins.out: i for i, ins in enumerate(instrs) if isinstance(ins, Recv)}
+    moved: dict[int, tuple[int, Region]] = {}      # recv index -> (assembled buf, region)
+    rewritten: dict[int, Assemble | None] = {}      # assemble index -> what replaces it
+    alloc_at: dict[int, Alloc] = {}                 # index to insert an Alloc before
+    for i, ins in enumerate(instrs):
+        if not isinstance(ins, Assemble):
+            continue
+        direct, rest = [], []
+        for part in ins.parts:
+            src, a, b = part
+            j = recv_at.get(src)
+            ok = (j is not None and readers.get(src) == 1 and instrs[j].dtype == ins.dtype
+                  and a == tuple((0, n) for n in instrs[j].shape) and contiguous_slice(ins.shape, b))
+            (direct if ok else rest).append(part)
+        if not direct:
+            continue
+        for src, _, b in direct:
+            moved[recv_at[src]] = (ins.out, b)
+        alloc_at[min(recv_at[src] for src, _, _ in direct)] = Alloc(ins.out, ins.shape, ins.dtype)
+        rewritten[i] = (Assemble(ins.out, ins.shape, ins.dtype, tuple(rest), alloc=False)
+                        if rest else None)
+    out = []
+    for i, ins in enumerate(instrs):
+        if i in alloc_at:
+            out.append(alloc_at[i])
+        if i in moved:
+            buf, at = moved[i]
+            out.append(Recv(ins.out, ins.peer, ins.tag, ins.shape, ins.dtype, into=buf, at=at))
+        elif i in rewritten:
+            if rewritten[i] is not None:
+                out.append(rewritten[i])
+        else:
+            out.append(ins)
     return out
 
 
@@ -182,7 +236,7 @@ def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
 
 
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
-          mode: str = "optimized") -> Lowered:
+          mode: str = "optimized", prefetch: int = 1) -> Lowered:
     """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
     `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive")."""
     graph, choice, topology = _unpack(plan, choice, topology)
@@ -209,12 +263,34 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
         if op.name not in choice:
             raise PlanError("the plan has no candidate for this op", op=op.name,
                             source=op.source, fix="give every op a candidate in plan.choice")
+        check_candidate(op, choice[op.name])
+        _check_devices(op.name, choice[op.name], world)
+    # Weights do not depend on the activations: their transfers for the next `prefetch` ops
+    # that read weights go out before this op's kernels, so they flow while it computes.
+    weighted = [op for op in graph.ops if any(graph.tensor(n).kind == "weight" for n in op.inputs)]
+    fetched = 0
+
+    def fetch_weights(upto: int) -> None:
+        nonlocal fetched
+        while fetched < min(upto, len(weighted)):
+            w_op = weighted[fetched]
+            fetched += 1
+            st.queue = fetched
+            for i, name in enumerate(w_op.inputs):
+                info = graph.tensor(name)
+                if info.kind == "weight":
+                    _exchange(st, info, input_needs(w_op, choice[w_op.name], i), mode, topology)
+            st.queue = 0
+
+    seen = 0  # ops of `weighted` lowered so far
+    for op in graph.ops:
         cand = choice[op.name]
-        check_candidate(op, cand)
-        _check_devices(op.name, cand, world)
+        seen += op in weighted
+        fetch_weights(seen)
         bufs = []
         for i, name in enumerate(op.inputs):
             bufs.append(_deliver(st, graph.tensor(name), input_needs(op, cand, i), mode, topology))
+        fetch_weights(seen + prefetch)
         pieces = output_layout(op, cand)
         multi = pieces[0].n_slices > 1
         k = 0
@@ -234,7 +310,7 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
         b = got[(whole, 0)]
         st.emit(0, Output(name, b))
         keep[0].add(b)
-    programs = tuple(Program(r, world, tuple(_insert_frees(st.instrs[r], keep[r])))
+    programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
                      for r in range(world))
     return Lowered(graph, programs, mode)
 

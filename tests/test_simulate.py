@@ -131,3 +131,52 @@ def test_a_tensor_read_by_two_ops_crosses_once():
     low = lower(g, ch, topo)
     res = simulate_programs(low, topo)
     assert res.link_bytes[(1, 0)] == g.tensor(first.output).nbytes // 2
+
+
+def _gathered_weight_chain(n=256):
+    """x @ w1 @ w2 with both weights stored by rows over 2 ranks and every op on rank 0."""
+    b = Builder()
+    x = b.input("x", (64, n))
+    w1, w2 = b.weight("w1", (n, n)), b.weight("w2", (n, n))
+    g = b.build([b.einsum("ij,jk->ik", b.einsum("ij,jk->ik", x, w1, name="mm1"), w2, name="mm2")])
+    ch = one_device_choice(g, 0)
+    for w in ("w1", "w2"):
+        ch[INPUT_PREFIX + w] = place(input_op(g.tensor(w)), {"a": 2}, [0, 1])
+    return g, ch
+
+
+def test_received_rows_land_in_place_without_a_copy():
+    from einsummable.runtime.local import run_local
+    from einsummable.runtime.program import Alloc, Assemble, Recv
+    from einsummable.reference import evaluate
+    import torch
+    g, ch = _gathered_weight_chain()
+    low = lower(g, ch, synthetic(2))
+    instrs = low.programs[0].instrs
+    into = [i for i in instrs if isinstance(i, Recv) and i.into is not None]
+    assert len(into) == 2 and sum(isinstance(i, Alloc) for i in instrs) == 2
+    # Only rank 0's own half is copied into each gathered weight.
+    assert all(len(i.parts) == 1 and not i.alloc for i in instrs if isinstance(i, Assemble))
+    inputs = {t.name: torch.randn(t.shape) for t in g.inputs}
+    got = run_local(low, inputs)[g.outputs[0]]
+    assert torch.allclose(got, evaluate(g, inputs)[g.outputs[0]], rtol=1e-5, atol=1e-5)
+
+
+def test_weight_prefetch_goes_out_in_need_order_behind_urgent_traffic():
+    from einsummable.runtime.program import Send
+    g, ch = _gathered_weight_chain(2048)  # 8 MB halves: bandwidth, not launches, decides
+    topo = synthetic(2)
+    low = lower(g, ch, topo, prefetch=1)
+    sends = [i for i in low.programs[1].instrs if isinstance(i, Send)]
+    # Both weights are prefetched, w1 (needed first) with the lower queue number.
+    assert [s.queue for s in sends] == [1, 2]
+    res = simulate_programs(low, topo, trace=True)
+    half = g.tensor("w1").nbytes / 2
+    link = topo.link(1, 0)
+    mm = [e for e in res.trace if e[0] == 0 and e[2] == "Compute"]
+    # w1's half arrives alone at full rate (w2 waits its turn on the prefetch stream).
+    assert mm[0][4] >= half / link.bw + link.latency_s
+    assert mm[0][4] == pytest.approx(topo.devices[1].launch_s + half / link.bw + link.latency_s,
+                                     rel=0.05)
+    lazy = simulate_programs(lower(g, ch, topo, prefetch=0), topo).time_s
+    assert res.time_s <= lazy + 1e-12

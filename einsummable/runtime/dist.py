@@ -1,7 +1,9 @@
 """torch.distributed executor: point-to-point only (isend/irecv via batch_isend_irecv).
 
-Each rank walks its program. Runs of consecutive Send/Recv instructions go out as one
-batch_isend_irecv; a received buffer is waited on only when an instruction reads it, so
+Each rank walks its program. Runs of consecutive Send/Recv instructions (host bookkeeping
+between them, Alloc, Free and Place, keeps a run open) go out as one batch_isend_irecv; a
+receive may land straight in a region of an Alloc'd buffer; prefetch sends (Send.queue) go out
+when reached, like any other (gloo has no stream priorities); a received buffer is waited on only when an instruction reads it, so
 transfers overlap with compute wherever the dependencies allow. Every wait has a timeout.
 
 Two ways to launch:
@@ -31,7 +33,7 @@ import torch
 
 from ..errors import PlanError, RuntimeFault
 from .local import RankState
-from .program import Lowered, Place, Recv, Send, reads
+from .program import Alloc, Free, Lowered, Place, Recv, Send, reads
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
@@ -111,7 +113,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         for k, (op, ins) in enumerate(batch):
             mine = [works[k]] if each else list(works)
             if isinstance(ins, Recv):
-                wait_for[ins.out] = mine
+                wait_for.setdefault(ins.out if ins.into is None else ins.into, []).extend(mine)
             else:
                 sends.append((mine, op.tensor))
         batch.clear()
@@ -126,12 +128,11 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
             t = st.get(ins.src).contiguous()
             batch.append((dist.P2POp(dist.isend, t, ins.peer, tag=ins.tag), ins))
         elif isinstance(ins, Recv):
-            from ..reference import TORCH_DTYPES
-            t = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=device)
-            st.bufs[ins.out] = t
+            t = st.recv_buffer(ins)
             batch.append((dist.P2POp(dist.irecv, t, ins.peer, tag=ins.tag), ins))
         else:
-            flush()
+            if not isinstance(ins, Alloc | Free | Place):  # host bookkeeping keeps the batch open
+                flush()
             for b in reads(ins):
                 ready(b)
             st.step(ins)

@@ -10,8 +10,8 @@ import torch
 
 from ..errors import RuntimeFault
 from ..reference import TORCH_DTYPES, check_inputs, evaluate_op, materialize
-from .program import (Assemble, Compute, Const, Free, Lowered, Output, Place, Program, Recv,
-                      Reduce, Send, Slice)
+from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Place, Program,
+                      Recv, Reduce, Send, Slice)
 from ..scalar import combine
 
 
@@ -55,8 +55,12 @@ class RankState:
             self.bufs[ins.out] = out.to(TORCH_DTYPES[g.tensor(op.output).dtype])
         elif isinstance(ins, Slice):
             self.bufs[ins.out] = self.get(ins.src)[_sl(ins.region)]
+        elif isinstance(ins, Alloc):
+            self.bufs[ins.out] = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype],
+                                             device=self.device)
         elif isinstance(ins, Assemble):
-            out = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+            out = (torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+                   if ins.alloc else self.get(ins.out))
             for src, a, b in ins.parts:
                 out[_sl(b)] = self.get(src)[_sl(a)]
             self.bufs[ins.out] = out
@@ -71,6 +75,15 @@ class RankState:
             self.outputs[ins.tensor] = self.get(ins.src)
         else:
             raise TypeError(ins)
+
+    def recv_buffer(self, ins: Recv) -> torch.Tensor:
+        """Where a receive lands: a new buffer, or its region of an Alloc'd one."""
+        if ins.into is None:
+            t = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+        else:
+            t = self.get(ins.into)[_sl(ins.at)]
+        self.bufs[ins.out] = t
+        return t
 
     def place(self, tensor: str, region) -> torch.Tensor:
         dtype = TORCH_DTYPES[self.graph.tensor(tensor).dtype]
@@ -98,7 +111,10 @@ def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
                 elif isinstance(ins, Recv):
                     if ins.tag not in mail:
                         break
-                    st.bufs[ins.out] = mail.pop(ins.tag)
+                    if ins.into is None:
+                        st.bufs[ins.out] = mail.pop(ins.tag)
+                    else:
+                        st.recv_buffer(ins).copy_(mail.pop(ins.tag))
                 else:
                     st.step(ins)
                 pcs[r] += 1

@@ -49,28 +49,47 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Alloc:
+    """An uninitialised buffer that receives land in directly (see Recv.into); no kernel."""
+    out: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
 class Assemble:
-    """New buffer of `shape` filled from parts (src buffer, region in src, region in out)."""
+    """Buffer `out` of `shape` filled from parts (src buffer, region in src, region in out):
+    a new buffer, or with `alloc` False the Alloc'd one whose other regions receives fill."""
     out: int
     shape: tuple[int, ...]
     dtype: str
     parts: tuple[tuple[int, Region, Region], ...]
+    alloc: bool = True
 
 
 @dataclass(frozen=True)
 class Send:
+    """Send buffer `src`. `queue` 0 goes at once; queue q > 0 is a prefetch (weights): the
+    rank's prefetches go out one queue number after another, like kernels on one NCCL stream,
+    so the first-needed weights are not slowed by later ones sharing the link."""
     src: int
     peer: int
     tag: int
+    queue: int = 0
 
 
 @dataclass(frozen=True)
 class Recv:
+    """Receive into a new buffer `out`, or with `into` set straight into region `at` (contiguous)
+    of that Alloc'd buffer, `out` naming the view: no copy into place afterwards. A reader of
+    `into` waits for every receive into it."""
     out: int
     peer: int
     tag: int
     shape: tuple[int, ...]
     dtype: str
+    into: int | None = None
+    at: Region | None = None
 
 
 @dataclass(frozen=True)
@@ -93,9 +112,9 @@ class Output:
     src: int
 
 
-Instr = Place | Const | Compute | Slice | Assemble | Send | Recv | Reduce | Free | Output
-KINDS: dict[str, type] = {c.__name__.lower(): c for c in
-                          (Place, Const, Compute, Slice, Assemble, Send, Recv, Reduce, Free, Output)}
+Instr = Place | Const | Compute | Slice | Alloc | Assemble | Send | Recv | Reduce | Free | Output
+KINDS: dict[str, type] = {c.__name__.lower(): c for c in (Place, Const, Compute, Slice, Alloc,
+                                                          Assemble, Send, Recv, Reduce, Free, Output)}
 
 
 def reads(ins: Instr) -> tuple[int, ...]:
@@ -109,6 +128,14 @@ def reads(ins: Instr) -> tuple[int, ...]:
     if isinstance(ins, Send | Output):
         return (ins.src,)
     return ()
+
+
+def contiguous_slice(shape, region) -> bool:
+    """A slice of a contiguous tensor is contiguous iff every dimension before the last one it
+    cuts has extent one."""
+    ext = [hi - lo for lo, hi in region]
+    cuts = [i for i, (e, n) in enumerate(zip(ext, shape)) if e != n]
+    return not cuts or all(e == 1 for e in ext[:cuts[-1]])
 
 
 def writes(ins: Instr) -> int | None:
@@ -129,13 +156,18 @@ def format_instr(ins: Instr) -> str:
         return f"%{ins.out} = compute {ins.op}{_fmt_region(ins.ranges)}({args})"
     if isinstance(ins, Slice):
         return f"%{ins.out} = slice %{ins.src}{_fmt_region(ins.region)}"
+    if isinstance(ins, Alloc):
+        return f"%{ins.out} = alloc {list(ins.shape)} {ins.dtype}"
     if isinstance(ins, Assemble):
         parts = ", ".join(f"%{s}{_fmt_region(a)}->{_fmt_region(b)}" for s, a, b in ins.parts)
-        return f"%{ins.out} = assemble {list(ins.shape)} {{{parts}}}"
+        into = "" if ins.alloc else " into"
+        return f"%{ins.out} = assemble{into} {list(ins.shape)} {{{parts}}}"
     if isinstance(ins, Send):
-        return f"send %{ins.src} -> rank {ins.peer} #{ins.tag}"
+        queue = f" (prefetch {ins.queue})" if ins.queue else ""
+        return f"send %{ins.src} -> rank {ins.peer} #{ins.tag}{queue}"
     if isinstance(ins, Recv):
-        return f"%{ins.out} = recv {list(ins.shape)} <- rank {ins.peer} #{ins.tag}"
+        into = "" if ins.into is None else f" into %{ins.into}{_fmt_region(ins.at)}"
+        return f"%{ins.out} = recv {list(ins.shape)} <- rank {ins.peer} #{ins.tag}{into}"
     if isinstance(ins, Reduce):
         return f"%{ins.out} = reduce.{ins.agg}({', '.join(f'%{i}' for i in ins.inputs)})"
     if isinstance(ins, Free):
@@ -166,7 +198,7 @@ class Program:
         out = []
         for kind, body in d["instrs"]:
             cls = KINDS[kind]
-            out.append(cls(**{f.name: _tuplify(body[f.name]) for f in fields(cls)}))
+            out.append(cls(**{f.name: _tuplify(body[f.name]) for f in fields(cls) if f.name in body}))
         return Program(d["rank"], d["world_size"], tuple(out))
 
 

@@ -6,17 +6,20 @@ receive is posted and the rank waits only when it reads the buffer. Every term c
 topology (for cpu4: measured by `einsummable calibrate`):
 
     launch    = per kernel: Compute, Reduce, Assemble, Const, the pack of a strided send, and
-                one per p2p batch (a run of Send/Recv issued as one NCCL group). Place, Slice
-                (views), Recv posting, Free and Output launch nothing.
+                one per p2p batch (a run of Send/Recv issued as one NCCL group). Place, Alloc,
+                Slice (views), Recv posting, Free and Output launch nothing.
     compute   = launch + max(tuple_flops / peak(dtype), tuple_bytes / mem_bw)   (roofline:
                 matmuls are bound by the rate, elementwise ops by memory traffic)
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
     reduce    = launch + (inputs + 1) · bytes / mem_bw         (read every input, write one)
-    assemble  = launch + 2 · bytes / mem_bw                    (read the parts, write the block)
+    assemble  = launch + 2 · copied bytes / mem_bw             (read the parts, write the block;
+                receives that land in place copy nothing)
     const     = launch + bytes / mem_bw
     send      = launch + 2 · bytes / mem_bw to pack a strided slice before it leaves
 
-A send and its receive are one transfer: one flow that loads its link and, where the link names
+Prefetch sends (weights, `Send.queue` > 0) leave in queue order, one queue number after
+another per rank (one stream), so the weights needed first arrive first; other sends start at
+once and take the bandwidth first (the prefetch stream has low priority and gets what they leave). A send and its receive are one transfer: one flow that loads its link and, where the link names
 a port, the sender's egress and the receiver's ingress port (an NVSwitch GPU's 300 GB/s is its
 total to all peers). Rates are max-min fair over all of a flow's resources (progressive
 filling, recomputed at every start and end); a message is usable `latency` after its last byte
@@ -30,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import DTYPE_BYTES
-from .program import (Assemble, Compute, Const, Free, Lowered, Output, Place, Recv, Reduce, Send,
-                      Slice, reads)
+from ..spec import region_shape
+from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Place, Recv, Reduce, Send,
+                      Slice, contiguous_slice, reads)
 
 
 # A flow with less than this left is finished (float drift on integer byte counts).
@@ -61,6 +65,7 @@ class _Flow:
     resources: tuple[tuple[str, float], ...]  # (resource, its capacity in B/s) the bytes load
     latency: float
     remaining: float
+    urgent: bool = True  # False: a prefetch, served from what urgent flows leave
     rate: float = 0.0
 
 
@@ -69,21 +74,30 @@ class _Network:
         self.now = 0.0
         self.flows: list[_Flow] = []
         self.arrived: dict[int, float] = {}
+        self.on_done = lambda tag: None  # called as each flow's last byte leaves (may start more)
 
     def _rates(self) -> None:
         """Max-min fair rates (progressive filling): raise every unfrozen flow's rate together
         until some resource is full, freeze the flows on it, repeat. A flow on an NVSwitch
         link thus gets min(link, egress port share at its sender, ingress share at its
-        receiver), and bandwidth one flow cannot use goes to the others."""
+        receiver), and bandwidth one flow cannot use goes to the others. Urgent flows are
+        filled first; prefetches share what they leave (a low-priority stream)."""
         cap: dict[str, float] = {}
-        users: dict[str, list[_Flow]] = {}
         for f in self.flows:
             for res, bw in f.resources:
                 cap[res] = bw
+        for urgent in (True, False):
+            self._fill([f for f in self.flows if f.urgent == urgent], cap)
+
+    @staticmethod
+    def _fill(flows: list["_Flow"], cap: dict[str, float]) -> None:
+        users: dict[str, list[_Flow]] = {}
+        for f in flows:
+            for res, _ in f.resources:
                 users.setdefault(res, []).append(f)
-        free = set(map(id, self.flows))
+        free = set(map(id, flows))
         while free:
-            share, res = min((cap[r] / sum(id(f) in free for f in fl), r)
+            share, res = min((max(cap[r], 0.0) / sum(id(f) in free for f in fl), r)
                              for r, fl in users.items() if any(id(f) in free for f in fl))
             for f in users[res]:
                 if id(f) in free:
@@ -94,7 +108,8 @@ class _Network:
             del users[res]
 
     def next_done(self) -> float:
-        return min((self.now + f.remaining / f.rate for f in self.flows), default=math.inf)
+        return min((self.now + f.remaining / f.rate for f in self.flows if f.rate > 0),
+                   default=math.inf)
 
     def advance(self, t: float) -> list[int]:
         """Move to time t, finishing flows on the way; returns the tags whose arrival is known."""
@@ -108,6 +123,7 @@ class _Network:
                 self.flows.remove(f)
                 self.arrived[f.tag] = t_next + f.latency
                 done.append(f.tag)
+                self.on_done(f.tag)
             self._rates()
         self._progress(t)
         return done
@@ -122,9 +138,45 @@ class _Network:
     def start(self, flow: _Flow) -> None:
         if flow.remaining <= 0:
             self.arrived[flow.tag] = self.now + flow.latency
+            self.on_done(flow.tag)
             return
         self.flows.append(flow)
         self._rates()
+
+
+class _PrefetchQueue:
+    """One rank's prefetch sends: queue numbers go out in order, each once the previous one's
+    bytes have all left (one stream); the flows of one queue number run together."""
+
+    def __init__(self, net: _Network) -> None:
+        self.net = net
+        self.active: int | None = None
+        self.inflight: set[int] = set()
+        self.pending: list[tuple[int, _Flow]] = []  # (queue, flow) in program order
+
+    def send(self, queue: int, flow: _Flow) -> None:
+        if self.active is None or (self.active == queue and not self.pending):
+            self.active = queue
+            self.inflight.add(flow.tag)
+            self.net.start(flow)
+        else:
+            self.pending.append((queue, flow))
+
+    def done(self, tag: int) -> None:
+        if tag not in self.inflight:
+            return
+        self.inflight.discard(tag)
+        if self.inflight:
+            return
+        self.active = None
+        if self.pending:
+            nxt = self.pending[0][0]
+            batch = [f for q, f in self.pending if q == nxt]
+            self.pending = [(q, f) for q, f in self.pending if q != nxt]
+            self.active = nxt
+            self.inflight.update(f.tag for f in batch)
+            for f in batch:
+                self.net.start(f)
 
 
 def _numel(shape) -> int:
@@ -144,7 +196,7 @@ def p2p_batches(instrs) -> set[int]:
     opens: set[int] = set()
     open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
     for i, ins in enumerate(instrs):
-        if isinstance(ins, Slice | Free | Place):
+        if isinstance(ins, Slice | Free | Place | Alloc):
             continue
         if not isinstance(ins, Send | Recv):
             open_recvs = None
@@ -157,14 +209,6 @@ def p2p_batches(instrs) -> set[int]:
     return opens
 
 
-def contiguous_slice(shape, region) -> bool:
-    """A slice of a contiguous tensor is contiguous iff every dimension before the last one it
-    cuts has extent one."""
-    ext = [hi - lo for lo, hi in region]
-    cuts = [i for i, (e, n) in enumerate(zip(ext, shape)) if e != n]
-    return not cuts or all(e == 1 for e in ext[:cuts[-1]])
-
-
 def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> SimResult:
     from ..topology import load_topology
     topo = load_topology(topology)
@@ -173,12 +217,21 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
     n = low.world_size
     shapes: list[dict[int, tuple[int, tuple[int, ...]]]] = [dict() for _ in range(n)]  # buf -> (elem bytes, shape)
     ready: list[dict[int, float]] = [dict() for _ in range(n)]
-    recv_tag: list[dict[int, int]] = [dict() for _ in range(n)]   # buf -> tag
+    recv_tag: list[dict[int, list[int]]] = [dict() for _ in range(n)]  # buf -> tags filling it
     t = [0.0] * n
     pc = [0] * n
     compute = [0.0] * n
     link_bytes: dict[tuple[int, int], int] = {}
     net = _Network()
+    queues = [_PrefetchQueue(net) for _ in range(n)]
+    queue_of: dict[int, _PrefetchQueue] = {}  # tag -> the queue that sent it
+
+    def flow_done(tag: int) -> None:
+        q = queue_of.pop(tag, None)
+        if q is not None:
+            q.done(tag)
+
+    net.on_done = flow_done
     blocked: dict[int, int] = {}  # rank -> tag it waits for
     events: list[tuple[int, int, str, float, float, float]] = []
 
@@ -201,8 +254,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
             return launch + max(flops_s, traffic / dev.mem_bw)
         if isinstance(ins, Reduce):
             return launch + (len(ins.inputs) + 1) * nbytes(r, ins.out) / dev.mem_bw
-        if isinstance(ins, Assemble):
-            return launch + 2 * nbytes(r, ins.out) / dev.mem_bw
+        if isinstance(ins, Assemble):  # only the parts it copies: receives landed in place
+            copied = sum(_numel(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
+            return launch + 2 * copied / dev.mem_bw
         if isinstance(ins, Const):
             return launch + nbytes(r, ins.out) / dev.mem_bw
         dt = launch if pc[r] in batch_opens[r] else 0.0  # the batch's one p2p kernel
@@ -224,7 +278,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
             shapes[r][ins.out] = (shapes[r][ins.src][0], tuple(b - a for a, b in ins.region))
             if ins.src in strided[r] or not contiguous_slice(src_shape, ins.region):
                 strided[r].add(ins.out)
-        elif isinstance(ins, Assemble):
+        elif isinstance(ins, Assemble | Alloc):
             shapes[r][ins.out] = (DTYPE_BYTES[ins.dtype], ins.shape)
         elif isinstance(ins, Recv):
             shapes[r][ins.out] = (DTYPE_BYTES[ins.dtype], ins.shape)
@@ -236,12 +290,11 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
         for b in reads(ins):
-            if b in recv_tag[r]:
-                tag = recv_tag[r][b]
+            for tag in recv_tag[r].get(b, ()):
                 if tag not in net.arrived:
                     blocked[r] = tag
                     return False
-                ready[r][b] = net.arrived[tag]
+                ready[r][b] = max(ready[r].get(b, 0.0), net.arrived[tag])
             start = max(start, ready[r].get(b, 0.0))
         record_shape(r, ins)
         dt = cost(r, ins)
@@ -251,7 +304,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
             events.append((r, pc[r], type(ins).__name__, t[r], start, start + dt))
         t[r] = start + dt
         if isinstance(ins, Recv):
-            recv_tag[r][ins.out] = ins.tag
+            recv_tag[r].setdefault(ins.out if ins.into is None else ins.into, []).append(ins.tag)
         elif isinstance(ins, Send):
             size = nbytes(r, ins.src)
             link = topo.link(r, ins.peer)
@@ -262,7 +315,13 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
                 + tuple(p for l in route for p in l.port_resources)
             for tag in net.advance(t[r]):
                 wake(tag)
-            net.start(_Flow(ins.tag, res, sum(l.latency_s for l in route), float(size)))
+            flow = _Flow(ins.tag, res, sum(l.latency_s for l in route), float(size),
+                         urgent=not ins.queue)
+            if ins.queue:
+                queue_of[ins.tag] = queues[r]
+                queues[r].send(ins.queue, flow)
+            else:
+                net.start(flow)
             link_bytes[(r, ins.peer)] = link_bytes.get((r, ins.peer), 0) + size
         elif not isinstance(ins, Free | Output):
             w = getattr(ins, "out", None)
