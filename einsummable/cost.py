@@ -12,8 +12,11 @@ one kernel call:
 F_t is the op's FLOP count scaled by the tuple's share of the join space. Views (reshape,
 permute, squeeze) cost nothing: they relabel a block. `flop_efficiency` is the fraction of
 peak a well-shaped kernel sustains; it is a named parameter of the device (attribute
-`flop_efficiency` when the topology gives one, else `CostModel.flop_efficiency`, 0.7: Meta's
-autoparallel uses 70 %); likewise `mem_efficiency` for HBM (default 0.9).
+`flop_efficiency` when the topology gives one, else `CostModel.flop_efficiency`); likewise
+`mem_efficiency` for HBM. Both default to 1: the simulator's roofline, so that the optimizer
+minimises the time the simulator predicts (one model). Derate them (Meta's autoparallel uses
+70 % of peak) to plan for kernels that fall short of the datasheet; `einsummable calibrate`
+measures the rates of this machine instead.
 
 Exchange. The edge from a producer's candidate to a consumer's candidate costs
 `exchange.exchange_time(exchange.synthesize(...))`: the very transfers (and partial-sum folds)
@@ -36,8 +39,8 @@ from .ir import DTYPE_BYTES, Graph, Op, TensorInfo
 from .placement import Candidate, Piece, input_needs, output_layout
 from .spec import Region, region_shape, tuples
 
-DEFAULT_FLOP_EFFICIENCY = 0.7
-DEFAULT_MEM_EFFICIENCY = 0.9
+DEFAULT_FLOP_EFFICIENCY = 1.0
+DEFAULT_MEM_EFFICIENCY = 1.0
 # Below this many unpriced pairs a process pool costs more than it saves.
 PARALLEL_MIN_PAIRS = 400
 PARALLEL_CHUNK = 64
@@ -71,9 +74,11 @@ class ComputeCost:
 
 @dataclass(frozen=True)
 class EdgeCost:
+    """`seconds` in all; `local_s` of it is the readers' stitching copies (device work)."""
     seconds: float
     nbytes: int
     rounds: int
+    local_s: float = 0.0
 
 
 ZERO_EDGE = EdgeCost(0.0, 0, 0)
@@ -229,7 +234,8 @@ def _price(key: tuple, topology, mode: str) -> EdgeCost:
                          mode=mode)
     if not ex:
         return ZERO_EDGE
-    return EdgeCost(xchg.exchange_time(ex, topology), ex.nbytes, ex.n_rounds)
+    return EdgeCost(xchg.exchange_time(ex, topology), ex.nbytes, ex.n_rounds,
+                    xchg.stitch_time(ex, topology))
 
 
 _WORKER: dict = {}  # per worker process: its topology view (set once by the initializer)

@@ -35,7 +35,10 @@ several pieces on the same route in one round share it as one message batch.
 *Time* (`exchange_time`): rounds run one after another. In a round a resource carrying L bytes
 at bandwidth b is busy L / b; a transfer takes the latencies of its hops plus the longest busy
 time on its route; the round lasts as long as its slowest transfer plus its longest per-device
-reduce time (inputs read and output written at the device's memory bandwidth).
+reduce time (inputs read and output written at the device's memory bandwidth). After the last
+round each reader stitches the needs it got in several parts: its own parts, and received parts
+that are not one contiguous range of the need, are copied (read and written, one kernel per
+need); contiguous received parts land in place (lowering receives them there directly).
 
 *Naive mode* (the baseline): the first holder ("owner") of each needed region sends it straight
 to every reader over the direct link where one exists, and every reader folds all partial
@@ -57,6 +60,7 @@ from typing import Iterable, Sequence
 from .errors import PlanError
 from .ir import DTYPE_BYTES, TensorInfo
 from .placement import Piece
+from .runtime.program import contiguous_slice
 from .spec import Region, intersect
 
 MODES = ("optimized", "naive", "naive-routed")
@@ -100,8 +104,12 @@ class Reduce:
 
 @dataclass(frozen=True)
 class Exchange:
+    """`copies`: (device, bytes, kernels) the readers copy to stitch needs from several parts:
+    their own parts, and received parts that cannot land in place (not a contiguous range of
+    the need); a received part that is contiguous is written where it belongs, no copy."""
     transfers: tuple[Transfer, ...]
     reduces: tuple[Reduce, ...] = ()
+    copies: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def n_rounds(self) -> int:
@@ -217,6 +225,7 @@ class _Builder:
         self.elem = DTYPE_BYTES[info.dtype]
         self.transfers: list[Transfer] = []
         self.reduces: list[Reduce] = []
+        self.copies: dict[int, list[int]] = {}  # device -> [bytes, kernels]
         self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
         self.routes = _routes(topology, mode)
 
@@ -247,8 +256,22 @@ class _Builder:
                                    tuple(s for s, _ in inputs), out, volume(reg) * self.elem))
         return rnd
 
+    def stitch(self, q: Region, d: int, parts: list[tuple[Region, bool]]) -> None:
+        """Count the copy that assembles need q on d from parts (region, received?)."""
+        if len(parts) == 1 and parts[0][0] == q:
+            return  # the one part is the need itself
+        shape = tuple(b - a for a, b in q)
+        copied = sum(volume(cut) for cut, received in parts
+                     if not received or not contiguous_slice(
+                         shape, tuple((a - o, b - o) for (a, b), (o, _) in zip(cut, q))))
+        if copied:
+            acc = self.copies.setdefault(d, [0, 0])
+            acc[0] += copied * self.elem
+            acc[1] += 1
+
     def build(self) -> Exchange:
-        return Exchange(tuple(self.transfers), tuple(self.reduces))
+        return Exchange(tuple(self.transfers), tuple(self.reduces),
+                        tuple((d, b, k) for d, (b, k) in sorted(self.copies.items())))
 
 
 def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
@@ -316,6 +339,7 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
             hit.sort(key=lambda i: (row[pool[i][1]], pool[i][2], pool[i][1], i))
         todo = [q]
         got: list[tuple[Region, int]] = []
+        parts: list[tuple[Region, bool]] = []
         for i in hit:
             reg, dev, ready = pool[i]
             nxt: list[Region] = []
@@ -326,6 +350,7 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
                     continue
                 if dev != d:
                     got.append((cut, b.send(dev, d, cut, ready)))
+                parts.append((cut, dev != d))
                 if cut != u:
                     nxt.extend(subtract(u, cut))
             todo = nxt
@@ -334,6 +359,7 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
         if todo:
             raise PlanError(f"tensor {b.info.name!r}: region {todo[0]} needed on device {d} is "
                             "held by no device", fix="the producer layout must cover the tensor")
+        b.stitch(q, d, parts)
         if not naive:
             for cut, rnd in got:
                 index.setdefault(cut, []).append(len(sources))
@@ -481,7 +507,7 @@ def exchange_time(ex: Exchange, topology) -> float:
     """Seconds under the round model of the module docstring: per round, every resource (link
     medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
     latency plus its busiest resource's time; the round lasts as long as its slowest route plus
-    its longest per-device fold."""
+    its longest per-device fold; then the readers' stitching copies (`Exchange.copies`)."""
     if not ex:
         return 0.0
     by_round: dict[int, dict[tuple[int, ...], None]] = {}
@@ -515,4 +541,11 @@ def exchange_time(ex: Exchange, topology) -> float:
             wire = max(wire, latency + max(ld[res] / bb[res] for res, _ in terms))
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
         total += wire + fold
-    return total
+    return total + stitch_time(ex, topology)
+
+
+def stitch_time(ex: Exchange, topology) -> float:
+    """Seconds the busiest reader spends stitching after the last round (a kernel per need,
+    every copied byte read and written): device work, not link time."""
+    return max((k * topology.devices[d].launch_s + 2 * nbytes / topology.devices[d].mem_bw
+                for d, nbytes, k in ex.copies), default=0.0)

@@ -25,6 +25,11 @@ from .runtime.program import (Alloc, Assemble, Compute, Const, Free, Lowered, Ou
 from .spec import Region, intersect, region_shape, tuples
 
 
+# Weight-reading ops whose weights are in flight ahead of the op running: enough that a large
+# matmul's weights start crossing while the small ops before it (norms, rotary) run.
+PREFETCH_OPS = 4
+
+
 def _rel(inner: Region, outer: Region) -> Region:
     return tuple((a - o, b - o) for (a, b), (o, _) in zip(inner, outer))
 
@@ -236,7 +241,7 @@ def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
 
 
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
-          mode: str = "optimized", prefetch: int = 1) -> Lowered:
+          mode: str = "optimized", prefetch: int = PREFETCH_OPS) -> Lowered:
     """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
     `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive")."""
     graph, choice, topology = _unpack(plan, choice, topology)

@@ -18,6 +18,11 @@ solves is
     w[e,r,s]  exchange seconds from layout r to needs s (`exchange.synthesize` + time);
     m         resident bytes (below).
 
+With `Options.overlap` (the default) the objective is not that plain sum but
+A + max(C, W): activation exchanges, plus compute or weight exchanges (which lowering prefetches
+behind the compute), whichever is longer; `overlap.py` states it and minimises it through the
+Lagrangian of the same MIP (one solve in the common case where the weights hide).
+
 Steady state adds, for every block input x paired with a block output y of the same shape, an
 edge from y's producer to "input:x" whose needs are x's layout: the block must hand its output
 on in the layout its input came in, or pay the exchange that restores it.
@@ -57,9 +62,12 @@ MIN_TIE_PERIOD = 4  # ops per repeated block; shorter periods are patterns insid
 
 @dataclass(frozen=True)
 class Options:
+    """`overlap`: weight exchanges stream behind compute (objective A + max(C, W), see
+    `overlap.py`); False prices every exchange on the critical path (the plain sum above)."""
     weights: str = "sharded"
     steady_state: bool = False
     cost: CostModel = field(default_factory=CostModel)
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_MODES:
@@ -68,7 +76,7 @@ class Options:
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "steady_state": self.steady_state,
-                "cost": self.cost.to_dict()}
+                "cost": self.cost.to_dict(), "overlap": self.overlap}
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,11 @@ class Model:
                         fix="pick one from es.candidates(graph, topology)")
 
     def objective(self, choice: Mapping[str, int]) -> float:
-        """Same sum, in the same order, as formulations.objective on `problem()`."""
+        """With overlap, A + max(C, W) (`overlap.split`); else the same sum, in the same order,
+        as formulations.objective on `to_problem(model)`."""
+        if self.options.overlap:
+            from .overlap import split
+            return split(self, choice).total_s
         total = 0.0
         for k in self.nodes:
             total += self.unary(k, choice[k])
@@ -474,11 +486,20 @@ def to_problem(model: Model, warm_start: Mapping[str, int] | None = None):
 
 
 def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str = "highs",
-                warm_start: Mapping[str, int] | None = None):
-    """Solve; errors of `formulations` become InfeasibleError / SolverError."""
+                warm_start: Mapping[str, int] | None = None, incumbents: Sequence = ()):
+    """Solve; errors of `formulations` become InfeasibleError / SolverError. With overlap the
+    Lagrangian search of `overlap.solve` runs the MIP once per β; `incumbents` (assignments,
+    e.g. the named strategies) are scored too."""
+    if model.options.overlap:
+        from . import overlap
+        return overlap.solve(model, lambda p, t: _solve_problem(p, t, solver),
+                             incumbents=tuple(incumbents), time_limit_s=time_limit_s)
+    return _solve_problem(to_problem(model, warm_start), time_limit_s, solver)
+
+
+def _solve_problem(problem, time_limit_s: float | None, solver: str):
     import formulations as fm
     from .errors import InfeasibleError, SolverError
-    problem = to_problem(model, warm_start)
     try:
         return fm.solve(problem, solver=solver, time_limit_s=time_limit_s)
     except fm.Infeasible as e:
@@ -534,11 +555,11 @@ def named_assignment(model: Model, strategy: str) -> tuple[dict[str, int], tuple
 # --------------------------------------------------------------------------- public API
 
 def _options(weights: str, steady_state: bool, cost_model: CostModel | None,
-             exchange_mode: str) -> Options:
+             exchange_mode: str, overlap: bool = True) -> Options:
     cm = cost_model or CostModel()
     if exchange_mode != cm.exchange_mode:
         cm = CostModel(cm.flop_efficiency, cm.mem_efficiency, exchange_mode)
-    return Options(weights, steady_state, cm)
+    return Options(weights, steady_state, cm, overlap)
 
 
 def _plan(model: Model, assignment: Mapping[str, int], objective: float, bound, gap,
@@ -584,25 +605,27 @@ def _restricted(graph: Graph, topology, options: Options,
 
 def plan_cost(graph: Graph, topology, choice: Mapping[str, Candidate | int], *,
               weights: str = "sharded", steady_state: bool = False,
-              cost_model: CostModel | None = None, exchange_mode: str = "optimized") -> float:
+              cost_model: CostModel | None = None, exchange_mode: str = "optimized",
+              overlap: bool = True) -> float:
     """The objective (seconds) of one candidate per node, exactly as the MIP scores it."""
     from .topology import load_topology
     topology = load_topology(topology)
-    options = _options(weights, steady_state, cost_model, exchange_mode)
+    options = _options(weights, steady_state, cost_model, exchange_mode, overlap)
     model = build_model(graph, topology, options, _restricted(graph, topology, options, choice))
     return model.objective({k: 0 for k in model.nodes})
 
 
 def named_plan(graph: Graph, topology, name: str, *, weights: str = "sharded",
                steady_state: bool = False, cost_model: CostModel | None = None,
-               exchange_mode: str = "optimized", model: Model | None = None):
+               exchange_mode: str = "optimized", model: Model | None = None,
+               overlap: bool = True):
     """The named strategy as a Plan in the same IR, priced on the same cost model."""
     from .named import STRATEGY_WEIGHTS, check_strategy
     from .topology import load_topology
     check_strategy(name)
     topology = load_topology(topology)
     options = _options(STRATEGY_WEIGHTS.get(name, weights), steady_state, cost_model,
-                       exchange_mode)
+                       exchange_mode, overlap)
     if model is None or model.options != options:
         model = build_model(graph, topology, options)
     assignment, inexact = named_assignment(model, name)
@@ -659,17 +682,18 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
              weights: str = "sharded", steady_state: bool = False, *, solver: str = "highs",
              cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
              exchange_mode: str = "optimized", warm_start: bool = True,
-             pricer: EdgePricer | None = None):
+             pricer: EdgePricer | None = None, overlap: bool = True):
     """The MIP-optimal Plan for `graph` on `topology` (see the module docstring).
 
     cache: True (default directory, or $EINSUMMABLE_CACHE_DIR), a directory, or False.
     pricer: an EdgePricer for this topology and cost model to reuse (its memo is shared with
     later builds, e.g. of named plans on the same graph); None makes a fresh one.
+    overlap: weight exchanges stream behind compute (`overlap.py`); False: plain sum.
     """
     from .topology import load_topology
     t0 = time.perf_counter()
     topology = load_topology(topology)
-    options = _options(weights, steady_state, cost_model, exchange_mode)
+    options = _options(weights, steady_state, cost_model, exchange_mode, overlap)
     path = None
     if cache:
         d = cache_dir(None if cache is True else cache)
@@ -680,20 +704,25 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     model = build_model(graph, topology, options, pricer=pricer)
     warm = None
     best_named = None
+    named: list[dict[str, int]] = []
     if warm_start:
         from .named import STRATEGIES, STRATEGY_WEIGHTS
         for name in STRATEGIES:
             if STRATEGY_WEIGHTS.get(name, options.weights) != options.weights:
                 continue
             a, _ = named_assignment(model, name)
+            named.append(a)
             obj = model.objective(a)
             if best_named is None or obj < best_named[0]:
                 best_named = (obj, a, name)
         warm = best_named[1] if best_named else None
-    sol = solve_model(model, time_limit_s=time_limit_s, solver=solver, warm_start=warm)
+    sol = solve_model(model, time_limit_s=time_limit_s, solver=solver, warm_start=warm,
+                      incumbents=named)
     solve_s = time.perf_counter() - t0
     extra = {"solver": solver, "status": sol.status, "time_limit_s": time_limit_s,
              "warm_start": best_named[2] if best_named else None}
+    if hasattr(sol, "betas"):
+        extra["lagrangian_betas"] = list(sol.betas)
     plan = _plan(model, sol.assignment, sol.objective, sol.bound, sol.gap, solve_s, extra)
     if path is not None:
         _store(path, plan)
@@ -709,7 +738,8 @@ def explain_plan(plan, strategies: bool = True) -> str:
     opt = plan.option
     options = _options(opt.get("weights", "sharded"), bool(opt.get("steady_state", False)),
                        CostModel(**opt["cost"]) if "cost" in opt else None,
-                       opt.get("cost", {}).get("exchange_mode", "optimized"))
+                       opt.get("cost", {}).get("exchange_mode", "optimized"),
+                       bool(opt.get("overlap", True)))
     graph, topology = plan.graph, plan.topology
     model = build_model(graph, topology, options,
                         _restricted(graph, topology, options, plan.chosen))
@@ -720,10 +750,11 @@ def explain_plan(plan, strategies: bool = True) -> str:
     if strategies:
         for name in STRATEGIES:
             sp = named_plan(graph, topology, name, weights=options.weights,
-                            steady_state=options.steady_state, cost_model=options.cost)
+                            steady_state=options.steady_state, cost_model=options.cost,
+                            overlap=options.overlap)
             sopt = sp.option
             so = _options(sopt["weights"], options.steady_state, options.cost,
-                          options.cost.exchange_mode)
+                          options.cost.exchange_mode, options.overlap)
             m2 = build_model(graph, topology, so, _restricted(graph, topology, so, sp.chosen))
             others[name] = {k: v[0] + v[1] for k, v in _per_node(m2, {k: 0 for k in m2.nodes}).items()}
             totals[name] = sp.objective_s
@@ -733,6 +764,12 @@ def explain_plan(plan, strategies: bool = True) -> str:
              + (f", bound {plan.bound_s * 1e3:.4f} ms, gap {plan.gap:.2e}"
                 if plan.bound_s is not None and plan.gap is not None else "")
              + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")]
+    if options.overlap:
+        from .overlap import split
+        parts = split(model, mine)
+        lines.append(f"activation exchanges {parts.activations_s * 1e3:.4f} ms + max(compute "
+                     f"{parts.compute_s * 1e3:.4f} ms, weight exchanges {parts.weights_s * 1e3:.4f}"
+                     " ms streamed behind it)")
     if totals:
         lines.append("named strategies: " + ", ".join(
             f"{n} {t * 1e3:.4f} ms" + (" (weights replicated)" if n in STRATEGY_WEIGHTS else "")

@@ -1,10 +1,10 @@
 """torch.distributed executor: point-to-point only (isend/irecv via batch_isend_irecv).
 
 Each rank walks its program. Runs of consecutive Send/Recv instructions (host bookkeeping
-between them, Alloc, Free and Place, keeps a run open) go out as one batch_isend_irecv; a
+between them, Alloc, Free and Place, keeps a run open) go out as one batch_isend_irecv. A
 receive may land straight in a region of an Alloc'd buffer; prefetch sends (Send.queue) go out
-when reached, like any other (gloo has no stream priorities); a received buffer is waited on only when an instruction reads it, so
-transfers overlap with compute wherever the dependencies allow. Every wait has a timeout.
+when reached, like any other (gloo has no stream priorities). A received buffer is waited on
+only when an instruction reads it, so transfers overlap with compute wherever the dependencies allow. Every wait has a timeout.
 
 Two ways to launch:
 - `run(lowered, inputs, backend="gloo", world_size=4)` from Python: a pool of worker processes
