@@ -179,53 +179,143 @@ def edge_info(info: TensorInfo) -> TensorInfo:
 class EdgePricer:
     """Prices (layout, needs) pairs with exchange.synthesize + exchange_time, memoised.
 
-    The memo is per pricer (one optimisation), never global."""
+    The memo is per pricer (one optimisation), never global. Layouts and needs are interned
+    (one id each), so a lookup hashes two small ints instead of every piece of both: the
+    optimizer looks up tens of thousands of cells per solve."""
 
     topology: object
     model: CostModel = field(default_factory=CostModel)
-    _memo: dict = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict)   # (shape, dtype, agg, layout id, needs id)
+    _ids: dict = field(default_factory=dict)    # layout or needs tuple -> id
+    _full: dict = field(default_factory=dict)   # id -> that tuple
     calls: int = 0
+    workers: int | None = None  # None: the CPUs this process may use
 
     def __post_init__(self) -> None:
         self.fast = self.topology if isinstance(self.topology, FastTopology) \
             else FastTopology(self.topology)
 
-    workers: int | None = None  # None: the CPUs this process may use
-
     @staticmethod
     def key(info: TensorInfo, produced: Sequence[Piece], needs: Needs, agg: str | None):
         return (info.shape, info.dtype, agg, tuple(produced), tuple(needs))
 
+    def intern(self, value: tuple) -> int:
+        """A small id for a layout or needs tuple (the same id for equal tuples)."""
+        i = self._ids.get(value)
+        if i is None:
+            i = self._ids[value] = len(self._ids)
+            self._full[i] = value
+        return i
+
+    def short(self, key: tuple) -> tuple:
+        shape, dtype, agg, produced, needs = key
+        return (shape, dtype, agg, self.intern(produced), self.intern(needs))
+
+    def _long(self, short: tuple) -> tuple:
+        shape, dtype, agg, lid, nid = short
+        return (shape, dtype, agg, self._full[lid], self._full[nid])
+
     def price(self, info: TensorInfo, produced: Sequence[Piece], needs: Needs,
               agg: str | None) -> EdgeCost:
-        key = self.key(info, produced, needs, agg)
-        hit = self._memo.get(key)
+        return self.price_short(self.short(self.key(info, produced, needs, agg)))
+
+    def price_short(self, short: tuple) -> EdgeCost:
+        hit = self._memo.get(short)
         if hit is None:
             self.calls += 1
-            hit = _price(key, self.fast, self.model.exchange_mode)
-            self._memo[key] = hit
+            hit = _price(self._long(short), self.fast, self.model.exchange_mode)
+            self._memo[short] = hit
         return hit
 
+    def known(self, key: tuple) -> EdgeCost | None:
+        """The price of a full key (`key`) already priced, else None (prices nothing)."""
+        return self._memo.get(self.short(key))
+
+    def known_short(self, short: tuple) -> EdgeCost | None:
+        """The price of a pair already priced, else None (prices nothing)."""
+        return self._memo.get(short)
+
     def prefetch(self, keys: Sequence[tuple]) -> None:
-        """Price many pairs at once, in worker processes when there are enough of them. The
-        answers are the same as `price` one by one (each pair is a pure function)."""
-        todo = [k for k in dict.fromkeys(keys) if k not in self._memo]
+        """Price many pairs (full keys, `key`) at once, in worker processes when there are
+        enough of them. The answers are the same as `price` one by one (each pair is a pure
+        function)."""
+        self.prefetch_short([self.short(k) for k in keys])
+
+    def prefetch_short(self, shorts: Sequence[tuple]) -> None:
+        todo = [k for k in dict.fromkeys(shorts) if k not in self._memo]
         workers = self.workers if self.workers is not None else _cpus()
         if len(todo) < PARALLEL_MIN_PAIRS or workers < 2 or not _can_fork():
             for k in todo:
-                self.calls += 1
-                self._memo[k] = _price(k, self.fast, self.model.exchange_mode)
+                self.price_short(k)
             return
         chunks = [todo[i:i + PARALLEL_CHUNK] for i in range(0, len(todo), PARALLEL_CHUNK)]
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(self.topology if not isinstance(
-                                     self.topology, FastTopology) else self.topology.base,
-                                     self.model.exchange_mode)) as pool:
-            for chunk, res in zip(chunks, pool.map(_price_chunk, chunks)):
+                                 initargs=(self.fast.base, self.model.exchange_mode)) as pool:
+            longs = [[self._long(k) for k in chunk] for chunk in chunks]
+            for chunk, res in zip(chunks, pool.map(_price_chunk, longs)):
                 for k, v in zip(chunk, res):
                     self.calls += 1
                     self._memo[k] = v
+
+
+class EdgeMatrix:
+    """Exchange costs of one edge, rows = producer layouts, columns = consumer needs, priced
+    lazily: `exact` synthesises a cell on first use (memoised by the pricer); `estimate` is the
+    exact cost of a priced cell and, for any other, lower bounds (`bound.py`) on its seconds
+    and on its local (stitching) part, each at most the exact one. The optimizer solves on estimates and prices the cells its solutions use.
+
+    Which cells are priced lives in the pricer, so repeated blocks that share one matrix, and
+    later builds that share the pricer, see every price made."""
+
+    def __init__(self, pricer: EdgePricer, info: TensorInfo, layouts: Sequence,
+                 needs: Sequence, agg: str | None) -> None:
+        from .bound import held_per_cut, needed_per_cut, stitch_bound, wire_bound
+        self.pricer = pricer
+        lays = [tuple(l) for l in layouts]
+        nds = [tuple(n) for n in needs]
+        head = (tuple(info.shape), info.dtype, agg)
+        self._rows = [pricer.intern(l) for l in lays]
+        self._cols = [pricer.intern(n) for n in nds]
+        self._head = head
+        topo = pricer.fast.base
+        held = [held_per_cut(l, topo) for l in lays]
+        needed = [needed_per_cut(n, topo) for n in nds]
+        elem = DTYPE_BYTES[info.dtype]
+        slices = [l[0].n_slices if l else 1 for l in lays]
+        # per cell (seconds, local seconds): never above the exact EdgeCost's
+        self.bounds = tuple(tuple(
+            (lambda loc: (wire_bound(h, q, elem, topo) + loc, loc))(
+                stitch_bound(h, q, elem, k, topo)) for q in needed)
+            for h, k in zip(held, slices))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self._rows), len(self._cols)
+
+    def short(self, r: int, s: int) -> tuple:
+        return self._head + (self._rows[r], self._cols[s])
+
+    def exact(self, r: int, s: int) -> EdgeCost:
+        return self.pricer.price_short(self.short(r, s))
+
+    def priced(self, r: int, s: int) -> bool:
+        return self.pricer.known_short(self.short(r, s)) is not None
+
+    def estimate(self, r: int, s: int) -> EdgeCost:
+        hit = self.pricer.known_short(self.short(r, s))
+        if hit is not None:
+            return hit
+        seconds, local = self.bounds[r][s]
+        return EdgeCost(seconds, 0, 0, local)
+
+    def estimates(self) -> tuple[tuple[EdgeCost, ...], ...]:
+        R, S = self.shape
+        return tuple(tuple(self.estimate(r, s) for s in range(S)) for r in range(R))
+
+    def price_all(self) -> None:
+        R, S = self.shape
+        self.pricer.prefetch_short([self.short(r, s) for r in range(R) for s in range(S)])
 
 
 def _price(key: tuple, topology, mode: str) -> EdgeCost:

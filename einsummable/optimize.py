@@ -39,6 +39,7 @@ cost (weights placed ahead of time).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -49,8 +50,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .candidates import OpCandidates, graph_candidates, roles, Roles, structural
-from .cost import (ComputeCost, CostModel, EdgeCost, EdgePricer, compute_cost, consumer_needs,
-                   finished_needs, needs_bytes, resident_bytes)
+from .cost import (ComputeCost, CostModel, EdgeCost, EdgeMatrix, EdgePricer, compute_cost,
+                   consumer_needs, finished_needs, needs_bytes, resident_bytes)
 from .errors import EinsummableError, PlanError
 from .ir import Graph
 from pathlib import Path
@@ -88,11 +89,15 @@ class EdgeTerm:
     tensor: str
     rows: tuple[int, ...]          # src candidate -> layout index
     cols: tuple[int, ...]          # dst candidate -> needs index
-    matrix: tuple[tuple[EdgeCost, ...], ...]
+    matrix: EdgeMatrix             # priced lazily (`solve_lazily`)
     kind: str = "data"             # "data" or "steady" (output fed back to the block input)
 
     def cost(self, a: int, b: int) -> EdgeCost:
-        return self.matrix[self.rows[a]][self.cols[b]]
+        """The exact cost (priced now if it was not yet)."""
+        return self.matrix.exact(self.rows[a], self.cols[b])
+
+    def cell(self, choice: Mapping[str, int]) -> tuple[int, int]:
+        return self.rows[choice[self.src]], self.cols[choice[self.dst]]
 
 
 @dataclass
@@ -296,10 +301,9 @@ class _Shared:
         return self._get(("finished", sop, cands), lambda: _project(
             [finished_needs(p) for p in self.layouts(oc)]))
 
-    def matrix(self, info, lay: list, needs: list, agg):
+    def matrix(self, info, lay: list, needs: list, agg) -> EdgeMatrix:
         key = ("matrix", info.shape, info.dtype, agg, id(lay), id(needs))
-        return self._get(key, lambda: tuple(
-            tuple(self.pricer.price(info, l, n, agg) for n in needs) for l in lay))
+        return self._get(key, lambda: EdgeMatrix(self.pricer, info, lay, needs, agg))
 
 
 def build_model(graph: Graph, topology, options: Options = Options(),
@@ -340,15 +344,9 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         src = producer_key(graph, y)
         finish_specs.append((src, y))
 
+    # Edge cells are priced lazily (`solve_lazily`); the folds of unfed outputs, one per
+    # layout, are priced now.
     keys = []
-    seen: set[tuple] = set()
-    for src, dst, name, rows, lay, cols, needs, agg, kind in specs:
-        info = graph.tensor(name)
-        once = (info.shape, info.dtype, agg, id(lay), id(needs))
-        if once in seen:  # a repeated block's edge: the same pairs
-            continue
-        seen.add(once)
-        keys += [pricer.key(info, l, n, agg) for l in lay for n in needs]
     for src, y in finish_specs:
         info = graph.tensor(y)
         keys += [pricer.key(info, l, finished_needs(l), nodes[src].op.agg) for l in layouts[src]]
@@ -472,14 +470,20 @@ def peak_memory(model: "Model", choice: Mapping[str, int]) -> tuple[float, ...]:
 
 # --------------------------------------------------------------------------- the MIP
 
-def to_problem(model: Model, warm_start: Mapping[str, int] | None = None):
-    """The generic pairwise-choice problem of `formulations` (module docstring)."""
+def to_problem(model: Model, warm_start: Mapping[str, int] | None = None, *,
+               exact: bool = True):
+    """The generic pairwise-choice problem of `formulations` (module docstring). `exact`
+    prices every edge cell first; else unpriced cells carry their lower bound (the form
+    `solve_lazily` solves)."""
     import formulations as fm
+    if exact:
+        price_all(model)
     nodes = []
     for k, oc in model.nodes.items():
         mem = model.memory[k] if model.memory is not None else None
         nodes.append(fm.Node(k, tuple(model.unary(k, c) for c in range(len(oc.cands))), mem))
-    edges = [fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row) for row in e.matrix),
+    edges = [fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row)
+                                         for row in e.matrix.estimates()),
                      e.rows, e.cols) for e in model.edges]
     return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
                       warm_start=dict(warm_start) if warm_start else None)
@@ -490,11 +494,62 @@ def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str 
     """Solve; errors of `formulations` become InfeasibleError / SolverError. With overlap the
     Lagrangian search of `overlap.solve` runs the MIP once per β; `incumbents` (assignments,
     e.g. the named strategies) are scored too."""
+    def solve(make, warm, limit):
+        return solve_lazily(model, make, warm, lambda p, t: _solve_problem(p, t, solver), limit)
     if model.options.overlap:
         from . import overlap
-        return overlap.solve(model, lambda p, t: _solve_problem(p, t, solver),
-                             incumbents=tuple(incumbents), time_limit_s=time_limit_s)
-    return _solve_problem(to_problem(model, warm_start), time_limit_s, solver)
+        return overlap.solve(model, solve, incumbents=tuple(incumbents),
+                             time_limit_s=time_limit_s)
+    return solve(lambda w: to_problem(model, w, exact=False), warm_start, time_limit_s)
+
+
+def price_all(model: Model) -> None:
+    """Price every cell of every edge (in worker processes when there are many)."""
+    shorts = []
+    for e in model.edges:
+        R, S = e.matrix.shape
+        shorts += [e.matrix.short(r, s) for r in range(R) for s in range(S)]
+    model.pricer.prefetch_short(shorts)
+
+
+def unpriced(model: Model, choice: Mapping[str, int]) -> list[tuple]:
+    """The edge cells `choice` uses that are not priced yet (pricer keys, no repeats)."""
+    out: dict[tuple, None] = {}
+    for e in model.edges:
+        r, s = e.cell(choice)
+        if not e.matrix.priced(r, s):
+            out[e.matrix.short(r, s)] = None
+    return list(out)
+
+
+def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
+                 time_limit_s: float | None):
+    """Solve the problem `make_problem(warm_start)` builds from the edges' estimates (exact
+    where priced, a lower bound elsewhere), price the cells the solution uses, and repeat
+    until it uses priced cells only. Then it is optimal for the exact costs as well: its cost
+    is exact and every other choice costs at least its estimate. Each round's solver bound is
+    a bound on the exact problem (estimates never exceed the costs), and each round prices at
+    least one new cell, so this ends."""
+    t0 = time.perf_counter()
+    warm = warm_start
+    while True:
+        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            left = 1e-3  # one more (short) solve returns the incumbent found so far
+        sol = solve_problem(make_problem(warm), left)
+        todo = unpriced(model, sol.assignment)
+        if not todo:
+            return sol
+        model.pricer.prefetch_short(todo)
+        warm = sol.assignment
+        if sol.status != "optimal" or (time_limit_s is not None
+                                       and time.perf_counter() - t0 >= time_limit_s):
+            # out of time: the assignment stands, its objective re-evaluated exactly
+            from formulations.problem import gap_of, objective
+            obj = objective(make_problem(warm), sol.assignment)
+            bound = min(sol.bound, obj)
+            return dataclasses.replace(sol, objective=obj, status="time_limit", bound=bound,
+                                       gap=gap_of(obj, bound))
 
 
 def _solve_problem(problem, time_limit_s: float | None, solver: str):

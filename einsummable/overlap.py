@@ -84,11 +84,14 @@ def lagrangian_problem(model, beta: float, warm_start: Mapping[str, int] | None)
                                       for c in range(len(oc.cands))), mem))
     edges = []
     for e in model.edges:
+        # estimates: exact where priced, else a bound on the wire part and 0 local, which
+        # bounds β·wire + (1 - β)·local from below as well
+        cells = e.matrix.estimates()
         if is_weight_edge(model, e):
             cost = tuple(tuple(beta * (x.seconds - x.local_s) + (1 - beta) * x.local_s
-                               for x in row) for row in e.matrix)
+                               for x in row) for row in cells)
         else:
-            cost = tuple(tuple(x.seconds for x in row) for row in e.matrix)
+            cost = tuple(tuple(x.seconds for x in row) for row in cells)
         edges.append(fm.Edge(e.src, e.dst, cost, e.rows, e.cols))
     return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
                       warm_start=dict(warm_start) if warm_start else None)
@@ -107,8 +110,9 @@ class Result:
 
 def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (),
           time_limit_s: float | None = None) -> Result:
-    """Minimise T over the model's choices. `solve_problem(problem, time_limit_s)` solves one
-    pairwise problem (formulations.solve with the caller's solver settings)."""
+    """Minimise T over the model's choices. `solve_problem(make, warm_start, time_limit_s)`
+    solves the pairwise problem `make(warm_start)` builds (optimize.solve_lazily with the
+    caller's solver settings)."""
     from .errors import SolverError
     from formulations.problem import gap_of as relative_gap
     t0 = time.perf_counter()
@@ -127,7 +131,8 @@ def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (
         if left is not None and left <= 0:
             status = "time_limit"
             break
-        sol = solve_problem(lagrangian_problem(model, beta, best[1] if best else None), left)
+        sol = solve_problem(lambda warm, b=beta: lagrangian_problem(model, b, warm),
+                            best[1] if best else None, left)
         betas.append(beta)
         if sol.status != "optimal":
             status = "time_limit"

@@ -1,0 +1,223 @@
+r"""A cheap lower bound on an edge's exchange seconds, so the optimizer prices lazily.
+
+Synthesising an exchange (`exchange.synthesize` + `exchange_time`) costs milliseconds; a model
+on a two-node machine has tens of thousands of (layout, needs) pairs, almost none of which an
+optimal plan uses. The optimizer therefore solves with this bound in place of every pair it has
+not priced, prices the pairs the solution uses, and re-solves until the solution uses only
+priced pairs; then it is optimal for the exact prices too (every other choice costs at least
+its bound). See `optimize.solve_lazily`.
+
+The bound is a cut argument on the round model of `exchange.exchange_time`. For a device set X
+(every group of every topology level, singletons included), let B(X) be the bytes X needs that
+X does not hold: the volume of the union of X's needed boxes outside the boxes X holds in full
+(for partial results: the blocks of which X holds every slice; any other needed point must
+receive a value of its size from outside). Every such byte crosses into X at least once, over
+a route with a hop from outside X into X. Take a cover K of those hops' resources (their link
+media; or the ingress ports of X's devices; or the egress ports of the senders), each resource
+k of bandwidth b_k. In each round the transfers load the resources of K with at least the bytes
+crossing in that round, and the round lasts at least latency + load_k / b_k for every k, hence
+at least latency + (crossing bytes) / sum_K b_k. Summed over rounds:
+
+    exchange_seconds  >=  min latency  +  B(X) / min_K sum_{k in K} b_k      (when B(X) > 0)
+
+Folds, stitching copies and extra rounds only add to it. The bound is the largest over X.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Sequence
+
+from .ir import DTYPE_BYTES
+from .placement import Piece
+from .spec import Region, intersect
+
+Needs = Sequence[tuple[Region, int]]
+
+
+def _volume(reg: Region) -> int:
+    return math.prod(hi - lo for lo, hi in reg)
+
+
+def _minus(a: Region, b: Region) -> list[Region]:
+    """a \\ b as disjoint boxes."""
+    cut = intersect(a, b)
+    if cut is None:
+        return [a]
+    out: list[Region] = []
+    rest = list(a)
+    for k, ((lo, hi), (clo, chi)) in enumerate(zip(a, cut)):
+        if lo < clo:
+            out.append(tuple(rest[:k]) + ((lo, clo),) + tuple(rest[k + 1:]))
+        if chi < hi:
+            out.append(tuple(rest[:k]) + ((chi, hi),) + tuple(rest[k + 1:]))
+        rest[k] = (clo, chi)
+    return out
+
+
+@lru_cache(maxsize=1 << 16)
+def uncovered_volume(needed: tuple[Region, ...], held: tuple[Region, ...]) -> int:
+    """Volume of the union of `needed` outside the union of `held`. Memoised: the same
+    per-device blocks recur across the many layouts of one model."""
+    parts: list[Region] = []
+    for q in dict.fromkeys(needed):
+        todo = [q]
+        for h in list(held) + parts:
+            nxt = []
+            for u in todo:
+                nxt.extend(_minus(u, h))
+            todo = nxt
+            if not todo:
+                break
+        parts.extend(todo)
+    return sum(_volume(p) for p in parts)
+
+
+def _cut_sets(topology) -> tuple[tuple[frozenset[int], float], ...]:
+    """(X, capacity into X in B/s) for every level group and singleton; memoised per topology."""
+    cache = getattr(topology, "_cache", None)
+    key = "exchange-bound-cuts"
+    if isinstance(cache, dict) and key in cache:
+        return cache[key]
+    n = topology.world_size
+    sets = {frozenset([d]) for d in range(n)}
+    for lv in topology.levels:
+        for g in lv.groups:
+            if 0 < len(g) < n:
+                sets.add(frozenset(g))
+    res = tuple((x, _capacity_into(topology, x))
+                for x in sorted(sets, key=lambda s: (len(s), sorted(s))))
+    if isinstance(cache, dict):
+        cache[key] = res
+    return res
+
+
+def _capacity_into(topology, x: frozenset[int]) -> float:
+    """The smallest total bandwidth of a cover of the links entering x: their media, the
+    ingress ports of x's devices, or the egress ports of their senders (links without a port
+    count with their medium in the port covers)."""
+    crossing = [l for l in topology.links if l.src not in x and l.dst in x]
+    if not crossing:
+        return 0.0
+    media: dict[str, float] = {}
+    ingress: dict[str, float] = {}
+    egress: dict[str, float] = {}
+    for l in crossing:
+        media[l.resource] = max(media.get(l.resource, 0.0), l.bw)
+        has_port = l.port is not None and l.port_bw is not None
+        for ports, name in ((ingress, l.ingress), (egress, l.egress)):
+            if not has_port:  # no port to cover this link: its medium stands in
+                name, bw = "medium:" + l.resource, l.bw
+            else:
+                bw = l.port_bw
+            ports[name] = max(ports.get(name, 0.0), bw)
+    return min(sum(media.values()), sum(ingress.values()), sum(egress.values()))
+
+
+def _memo(topology, key: str, make):
+    """A pure function of the topology, kept in its memo."""
+    cache = getattr(topology, "_cache", None)
+    if not isinstance(cache, dict):
+        return make()
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def _min_latency(topology) -> float:
+    return _memo(topology, "exchange-bound-latency",
+                 lambda: min((l.latency_s for l in topology.links), default=0.0))
+
+
+def held_per_cut(produced: Sequence[Piece], topology) -> tuple[tuple[Region, ...], ...]:
+    """Per cut set (order of `_cut_sets`): the boxes the set holds in full (for partial
+    results, the blocks of which it holds every slice)."""
+    n_slices = produced[0].n_slices if produced else 1
+    held_by: dict[int, list[Piece]] = {}
+    for p in produced:
+        held_by.setdefault(p.device, []).append(p)
+    out = []
+    for x, _ in _cut_sets(topology):
+        pieces = [p for d in sorted(x) for p in held_by.get(d, ())]
+        if n_slices == 1:
+            out.append(tuple(dict.fromkeys(p.region for p in pieces)))
+            continue
+        slices: dict[Region, set[int]] = {}
+        for p in pieces:
+            slices.setdefault(p.region, set()).add(p.slice)
+        out.append(tuple(r for r, s in slices.items() if len(s) == n_slices))
+    return tuple(out)
+
+
+def needed_per_cut(needs: Needs, topology) -> tuple[tuple[Region, ...], ...]:
+    """Per cut set: the boxes its devices need."""
+    need_by: dict[int, list[Region]] = {}
+    for q, d in needs:
+        need_by.setdefault(d, []).append(q)
+    return tuple(tuple(dict.fromkeys(q for d in sorted(x) for q in need_by.get(d, ())))
+                 for x, _ in _cut_sets(topology))
+
+
+def wire_bound(held: Sequence[tuple[Region, ...]], needed: Sequence[tuple[Region, ...]],
+               elem_bytes: int, topology) -> float:
+    """The rounds' bound from per-cut held and needed boxes (`held_per_cut`,
+    `needed_per_cut`)."""
+    best = 0.0
+    for (_, cap), h, q in zip(_cut_sets(topology), held, needed):
+        if q and cap > 0:  # no link into the set: nothing can be sent (synthesis says so)
+            missing = uncovered_volume(q, h)
+            if missing:
+                best = max(best, missing * elem_bytes / cap)
+    return best + _min_latency(topology) if best else 0.0
+
+
+@lru_cache(maxsize=1 << 16)
+def _own_copy_volume(needed: tuple[Region, ...], held: tuple[Region, ...]) -> tuple[int, int]:
+    """(volume, needs) of a reader's own parts it must copy when stitching: every need not
+    inside one held box but meeting the held ones (the synthesis takes a reader's own blocks
+    first, and copies own parts of a need made of several parts)."""
+    vol = count = 0
+    for q in needed:
+        if any(all(a <= c and d <= b for (a, b), (c, d) in zip(h, q)) for h in held):
+            continue
+        own = _volume(q) - uncovered_volume((q,), held)
+        if own:
+            vol += own
+            count += 1
+    return vol, count
+
+
+def stitch_bound(held: Sequence[tuple[Region, ...]], needed: Sequence[tuple[Region, ...]],
+                 elem_bytes: int, n_slices: int, topology) -> float:
+    """A bound on `exchange.stitch_time`: the busiest reader's copies of its own parts (one
+    kernel per need, each byte read and written). Full values only (partial results are
+    stitched from folded chunks, which this does not follow: 0 there)."""
+    if n_slices > 1:
+        return 0.0
+    best = 0.0
+    for d, i in enumerate(_singletons(topology)):
+        vol, count = _own_copy_volume(needed[i], held[i])
+        if count:
+            dev = topology.devices[d]
+            best = max(best, count * dev.launch_s + 2 * vol * elem_bytes / dev.mem_bw)
+    return best
+
+
+def _singletons(topology) -> tuple[int, ...]:
+    """Index in `_cut_sets` of each device's singleton set."""
+    def make():
+        index = {next(iter(x)): i for i, (x, _) in enumerate(_cut_sets(topology))
+                 if len(x) == 1}
+        return tuple(index[d] for d in range(topology.world_size))
+    return _memo(topology, "exchange-bound-singletons", make)
+
+
+def exchange_lower_bound(dtype: str, produced: Sequence[Piece], needs: Needs,
+                         topology) -> tuple[float, float]:
+    """(seconds, local seconds) no exchange from `produced` to `needs` can beat: the rounds'
+    bound plus the stitching bound, and the stitching bound alone."""
+    held, needed = held_per_cut(produced, topology), needed_per_cut(needs, topology)
+    elem = DTYPE_BYTES[dtype]
+    n_slices = produced[0].n_slices if produced else 1
+    local = stitch_bound(held, needed, elem, n_slices, topology)
+    return wire_bound(held, needed, elem, topology) + local, local
