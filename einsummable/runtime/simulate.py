@@ -40,6 +40,10 @@ from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Pl
 
 # A flow with less than this left is finished (float drift on integer byte counts).
 _DONE_BYTES = 1e-6
+# ... and so is one that would finish within this many seconds: at large clock values and
+# gigabyte messages, drift leaves remainders whose time to drain no longer moves the clock,
+# which would otherwise be stepped through forever. Far below any latency or launch term.
+_DONE_S = 1e-12
 
 
 @dataclass(frozen=True)
@@ -91,21 +95,24 @@ class _Network:
 
     @staticmethod
     def _fill(flows: list["_Flow"], cap: dict[str, float]) -> None:
+        # Counts of unfrozen flows per resource are kept up to date, so a step costs one pass
+        # over the resources instead of one over every (resource, flow) pair.
         users: dict[str, list[_Flow]] = {}
         for f in flows:
             for res, _ in f.resources:
                 users.setdefault(res, []).append(f)
-        free = set(map(id, flows))
+        free = {id(f) for f in flows}
+        count = {r: len(fl) for r, fl in users.items()}
         while free:
-            share, res = min((max(cap[r], 0.0) / sum(id(f) in free for f in fl), r)
-                             for r, fl in users.items() if any(id(f) in free for f in fl))
+            share, res = min((max(cap[r], 0.0) / n, r) for r, n in count.items() if n)
             for f in users[res]:
                 if id(f) in free:
                     f.rate = share
                     free.discard(id(f))
                     for r, _ in f.resources:
                         cap[r] -= share
-            del users[res]
+                        count[r] -= 1
+            del users[res], count[res]
 
     def next_done(self) -> float:
         return min((self.now + f.remaining / f.rate for f in self.flows if f.rate > 0),
@@ -119,7 +126,8 @@ class _Network:
             if t_next > t:
                 break
             self._progress(t_next)
-            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES]:
+            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES
+                      or (f.rate > 0 and f.remaining / f.rate <= _DONE_S)]:
                 self.flows.remove(f)
                 self.arrived[f.tag] = t_next + f.latency
                 done.append(f.tag)
