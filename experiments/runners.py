@@ -11,7 +11,7 @@ from einsummable.errors import EinsummableError
 from einsummable.topology import SHIPPED_DIR, Topology, load_topology
 
 from . import einsummable_system as es_sys
-from . import harness, simulated
+from . import harness, plan_summary, simulated
 from .harness import Progress, Row
 from .systems import Unavailable, vllm_available
 from .workloads import Workload
@@ -63,6 +63,7 @@ def _einsummable_sim_row(cfg, w: Workload, graph, how: str, topo, floor_s: float
                           steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
     sim = es_sys.simulate(opt.plan)
     plans[w.name] = plan_record(opt.plan, sim)
+    plans[w.name]["summary"] = plan_summary.describe(opt.plan)
     return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, sim.time_s,
                model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
                note=f"optimized ({how}); solve {opt.solve_wall_s:.1f} s",
@@ -76,6 +77,7 @@ def simulated_blocks(cfg: dict, stream=None) -> RunResult:
     progress = Progress(len(workloads) * len(systems), cfg["name"], stream)
     rows: list[Row] = []
     plans: dict = {}
+    layouts: dict[str, str] = {}
     for w in workloads:
         try:
             cg = es_sys.graph_for(w)
@@ -91,8 +93,27 @@ def simulated_blocks(cfg: dict, stream=None) -> RunResult:
             rows.append(_sim_row(cfg, s, w, cg, topo, floor_s, plans))
         rows.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
                         floor_s=floor_s, note="roofline of 1/N of every op + one launch per op"))
-    return RunResult(rows, {"plans": plans},
-                     _table(cfg, rows, f"{cfg['name']}: simulated on {topo.name}"))
+        layouts.update(_layout_lines(w, cg.graph, topo, plans, systems))
+    text = _table(cfg, rows, f"{cfg['name']}: simulated on {topo.name}")
+    if layouts:
+        text += "\n\nwhat each plan splits (mode role, extent / parts):\n" + "\n".join(
+            f"  {k}: {v}" for k, v in layouts.items())
+    return RunResult(rows, {"plans": plans, "layouts": layouts}, text)
+
+
+def _layout_lines(w: Workload, graph, topo, plans: dict, systems) -> dict[str, str]:
+    """The optimized plan's splits, and those of the sequence-parallel baselines beside it."""
+    out = {}
+    if w.name in plans and "summary" in plans[w.name]:
+        out[f"{w.name} einsummable"] = plans[w.name]["summary"]
+    for s in systems:
+        if s in ("ulysses", "ring-attention"):
+            try:
+                named = es_sys.named_plan(graph, topo, simulated.NAMED_LAYOUT[s])
+                out[f"{w.name} {s}"] = plan_summary.describe(named)
+            except Exception as e:  # a missing piece costs this line only
+                out[f"{w.name} {s}"] = f"unavailable: {type(e).__name__}: {e}"
+    return out
 
 
 def _sim_row(cfg, s: str, w: Workload, cg, topo, floor_s: float, plans: dict) -> Row:

@@ -9,12 +9,23 @@ collective before the next kernel that reads it):
     all_reduce(B)     = 2 (N-1)/N · B / bw_ring + 2 (N-1) · latency_ring
     all_gather(B)     =   (N-1)/N · B / bw_ring +   (N-1) · latency_ring    (B: gathered bytes)
     reduce_scatter(B) =   (N-1)/N · B / bw_ring +   (N-1) · latency_ring    (B: input bytes)
+    all_to_all(B)     = (N-1)/N² · B / bw_ring +   (N-1) · latency_ring    (B: whole tensor)
+    ring_pass(B)      =   (N-1)/N · B / bw_ring +   (N-1) · latency_ring    (B: whole tensor)
 
 bw_ring is the slowest hop of the ring 0→1→…→N-1→0 (one direction) and latency_ring its
 largest latency. Which tensors go through a collective follows from the layout: a Megatron
 row-parallel op (its candidate splits an aggregated mode) leaves partial sums that tensor
 parallelism all-reduces and sequence parallelism reduce-scatters and all-gathers again; data
 parallelism with sharded weights all-gathers every weight once (FSDP).
+
+Two sequence-parallel attention schemes, for long contexts (both keep the weights sharded and
+all-gather each once, as ZeRO-3 does):
+- ulysses (DeepSpeed-Ulysses): tokens split everywhere; attention splits heads, so its inputs
+  (queries, keys, values) and its output each go through one all-to-all.
+- ring-attention: tokens split everywhere, attention too (each device keeps its queries); the
+  key and value blocks travel round the ring in N-1 steps, each step's transfer overlapped with
+  the attention on the block in hand, so only what the attention cannot hide shows:
+  max(0, ring_pass(K) + ring_pass(V) - attention compute per device).
 
 The floor: the simulator's roofline for 1/N of every op (FLOPs at peak or bytes at memory
 bandwidth, whichever is slower) plus one launch per op that computes (views are free) — what a
@@ -31,12 +42,15 @@ from einsummable.placement import INPUT_PREFIX, input_op, place
 from . import einsummable_system as es_sys
 
 NAMED_LAYOUT = {"pytorch-tp": "megatron-tp", "pytorch-tp-sp": "megatron-tp-sp",
-                "data-parallel": "data-parallel"}
+                "data-parallel": "data-parallel", "ulysses": "ulysses",
+                "ring-attention": "fsdp"}
+# Systems whose attention moves keys and values around a ring behind the attention compute.
+RING_SYSTEMS = ("ring-attention",)
 
 
 @dataclass(frozen=True)
 class Collective:
-    kind: str  # all_reduce | all_gather | reduce_scatter
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | ring_pass
     tensor: str
     nbytes: int
 
@@ -64,6 +78,8 @@ def collective_time(c: Collective, world: int, bw: float, latency: float) -> flo
     share = (world - 1) / world
     if c.kind == "all_reduce":
         return 2 * share * c.nbytes / bw + 2 * (world - 1) * latency
+    if c.kind == "all_to_all":  # each device keeps 1/N of its 1/N share
+        return share * c.nbytes / world / bw + (world - 1) * latency
     return share * c.nbytes / bw + (world - 1) * latency
 
 
@@ -85,9 +101,54 @@ def collectives_for(system: str, graph: Graph, choice, weights: str) -> tuple[Co
         return tuple(c for t in partial_sum_outputs(graph, choice)
                      for c in (Collective("reduce_scatter", t, size(t)),
                                Collective("all_gather", t, size(t))))
-    if system == "data-parallel" and weights == "sharded":
-        return tuple(Collective("all_gather", w.name, w.nbytes) for w in graph.weights)
+    gathers = tuple(Collective("all_gather", w.name, w.nbytes) for w in graph.weights) \
+        if weights == "sharded" else ()
+    if system == "data-parallel":
+        return gathers
+    if system == "ulysses":
+        ins, _, outs = attention_boundary(graph)
+        return gathers + tuple(Collective("all_to_all", t, size(t)) for t in (*ins, *outs))
+    if system == "ring-attention":
+        _, keys, _ = attention_boundary(graph)
+        return gathers + tuple(Collective("ring_pass", t, size(t)) for t in keys)
     return ()
+
+
+def attention_ops(graph: Graph) -> list:
+    """The attention kernels: ops with two sequence modes (queries and keys) once spelled-out
+    chains (scores, mask, softmax, weighted sum) are fused, as capture does."""
+    from einsummable.candidates import roles
+    from einsummable.fuse import fuse
+    graph = fuse(graph)
+    mode_roles = roles(graph).modes
+    return [op for op in graph.ops
+            if sum(1 for m in op.modes if mode_roles.get(op.name, {}).get(m) == "seq") >= 2]
+
+
+def attention_boundary(graph: Graph) -> tuple[list[str], list[str], list[str]]:
+    """Tensors that cross into and out of the attention ops: (activation inputs, those of them
+    indexed by the key sequence mode, which the kernel aggregates: keys and values; outputs
+    read elsewhere). A spelled-out chain is fused first: the tensors at its edges keep their
+    names."""
+    from einsummable.candidates import roles
+    from einsummable.fuse import fuse
+    graph = fuse(graph)
+    mode_roles = roles(graph).modes
+    att = attention_ops(graph)
+    inside = {op.output for op in att}
+    ins: list[str] = []
+    keys: list[str] = []
+    for op in att:
+        key_modes = {m for m in op.agg_modes if mode_roles.get(op.name, {}).get(m) == "seq"}
+        for name, dims in zip(op.inputs, op.in_dims):
+            if name in inside or name in ins or graph.tensor(name).kind in ("weight", "constant"):
+                continue
+            ins.append(name)
+            if key_modes & {m for g in dims for m in g}:
+                keys.append(name)
+    read_outside = {t for op in graph.ops if op not in att for t in op.inputs}
+    outs = [t for t in inside if t in read_outside or t in graph.outputs]
+    return ins, keys, sorted(outs)
 
 
 def single_device_choice(graph: Graph) -> dict:
@@ -107,13 +168,24 @@ def simulate_baseline(system: str, graph: Graph, topology, weights: str = "shard
     compute_s = max(es_sys.simulate(plan).compute_s)
     colls = collectives_for(system, graph, es_sys.choice_of(plan), weights)
     bw, lat = ring(topology)
-    comm_s = sum(collective_time(c, n, bw, lat) for c in colls)
+    comm_s = sum(collective_time(c, n, bw, lat) for c in colls if c.kind != "ring_pass")
+    if system in RING_SYSTEMS:
+        ring_s = sum(collective_time(c, n, bw, lat) for c in colls if c.kind == "ring_pass")
+        comm_s += max(0.0, ring_s - attention_compute(graph, topology))
     kinds = {}
     for c in colls:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
     what = ", ".join(f"{k} {c}x" for k, c in kinds.items()) or "no collectives"
     return BaselineTime(compute_s + comm_s, compute_s, comm_s, colls,
                         f"compute {compute_s * 1e3:.3f} + NCCL ring {comm_s * 1e3:.3f} ms ({what})")
+
+
+def attention_compute(graph: Graph, topology) -> float:
+    """Seconds of attention per device with the work split N ways (the roofline of the
+    floor below): what a ring of key/value transfers can hide behind."""
+    dev = topology.devices[0]
+    return sum(op.flops / (topology.world_size * dev.peak(graph.tensor(op.output).dtype))
+               for op in attention_ops(graph))
 
 
 def compute_floor(graph: Graph, topology) -> float:
