@@ -10,12 +10,13 @@ from collections import Counter
 
 
 def op_splits(plan) -> dict[str, str]:
-    """op name -> its split, e.g. "seq 2048/8" or "feature 32/4 + batch 4/2"; "whole" for an
-    op run unsplit, "replicated" for one run whole on several devices."""
+    """op name -> its split, e.g. "seq 2048/8" or "feature 32/4 + batch 4/2" ("(attention)"
+    added for attention kernels); "whole" for an op run unsplit, "replicated" for one run
+    whole on several devices. Views are left out: they move nothing."""
     from einsummable.candidates import roles
     graph = plan.graph
     mode_roles = roles(graph).modes
-    chosen = dict(plan.chosen)
+    chosen = dict(getattr(plan, "chosen", None) or plan.choice)
     out: dict[str, str] = {}
     for op in graph.ops:
         cand = chosen.get(op.name)
@@ -27,9 +28,9 @@ def op_splits(plan) -> dict[str, str]:
             continue
         role = mode_roles.get(op.name, {})
         attention = sum(1 for m in op.modes if role.get(m) == "seq") >= 2
-        out[op.name + (" (attention)" if attention else "")] = " + ".join(
+        out[op.name] = " + ".join(
             f"{_label(role.get(m, m), m in op.agg_modes and attention)} {op.size[m]}/{p}"
-            for m, p in split)
+            for m, p in split) + (" (attention)" if attention else "")
     return out
 
 

@@ -41,8 +41,10 @@ def plan_record(plan, sim=None) -> dict:
     graph = getattr(plan, "graph", None)
     if graph is not None:
         priced = es_sys.per_op_breakdown(plan)
+        by_role = plan_summary.op_splits(plan)
         rec["ops"] = [{"op": op.name, "einsum": op.einsum,
                        "split": str(choice[op.name]) if op.name in choice else "?",
+                       "split_roles": by_role.get(op.name, "view"),
                        "parts": dict(choice[op.name].parts) if op.name in choice else {},
                        "compute_s": priced.get(op.name, (None,) * 3)[0],
                        "exchange_s": priced.get(op.name, (None,) * 3)[1],

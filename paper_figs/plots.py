@@ -144,7 +144,7 @@ def plan_picture(name: str, record: dict, out: Path) -> Path | None:
         return None
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, max(4, 0.28 * len(ops) + 1)),
                                    gridspec_kw={"width_ratios": [3, 2]})
-    labels = [f"{o['op'][:22]}  [{o['split'][:30]}]" for o in ops]
+    labels = [f"{o['op'][:22]}  [{o.get('split_roles', o['split'])[:34]}]" for o in ops]
     mb = [(o.get("bytes_in") or 0) / 1e6 for o in ops]
     ax1.barh(range(len(ops)), mb, color="tab:orange")
     ax1.set_yticks(range(len(ops)))

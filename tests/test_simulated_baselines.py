@@ -62,7 +62,7 @@ def test_plan_summary_names_what_each_strategy_splits(long_block):
     long_block = long_block[0]
     topo = load_topology("a100x8")
     uly = op_splits(named_plan(long_block, topo, "ulysses"))
-    attention = [k for k in uly if k.endswith("(attention)")]
+    attention = [k for k, s in uly.items() if s.endswith("(attention)")]
     assert attention and all(uly[k].startswith("feature") for k in attention)  # heads
     assert all(s.startswith("seq 8192/8") for k, s in uly.items() if k not in attention)
     tp = describe(named_plan(long_block, topo, "megatron-tp"))
