@@ -20,8 +20,8 @@ solves is
 
 With `Options.overlap` (the default) the objective is not that plain sum but
 A + max(C, W): activation exchanges, plus compute or weight exchanges (which lowering prefetches
-behind the compute), whichever is longer; `overlap.py` states it and minimises it through the
-Lagrangian of the same MIP (one solve in the common case where the weights hide).
+behind the compute), whichever is longer; `overlap.py` states it and minimises it with the same
+MIP plus an epigraph variable for the max (one solve).
 
 Steady state adds, for every block input x paired with a block output y of the same shape, an
 edge from y's producer to "input:x" whose needs are x's layout: the block must hand its output
@@ -491,9 +491,9 @@ def to_problem(model: Model, warm_start: Mapping[str, int] | None = None, *,
 
 def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str = "highs",
                 warm_start: Mapping[str, int] | None = None, incumbents: Sequence = ()):
-    """Solve; errors of `formulations` become InfeasibleError / SolverError. With overlap the
-    Lagrangian search of `overlap.solve` runs the MIP once per β; `incumbents` (assignments,
-    e.g. the named strategies) are scored too."""
+    """Solve; errors of `formulations` become InfeasibleError / SolverError. With overlap,
+    `overlap.solve` minimises A + max(C, W); `incumbents` (assignments, e.g. the named
+    strategies) are scored too. Edge cells are priced lazily (`solve_lazily`)."""
     def solve(make, warm, limit):
         return solve_lazily(model, make, warm, lambda p, t: _solve_problem(p, t, solver), limit)
     if model.options.overlap:
@@ -776,8 +776,6 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     solve_s = time.perf_counter() - t0
     extra = {"solver": solver, "status": sol.status, "time_limit_s": time_limit_s,
              "warm_start": best_named[2] if best_named else None}
-    if hasattr(sol, "betas"):
-        extra["lagrangian_betas"] = list(sol.betas)
     plan = _plan(model, sol.assignment, sol.objective, sol.bound, sol.gap, solve_s, extra)
     if path is not None:
         _store(path, plan)

@@ -13,17 +13,11 @@ time is modelled as
         compute (they cannot finish before their bytes have crossed, nor slow compute down);
         the copies that stitch a gathered weight together are device work and count in C
 
-T is not a sum of pairwise terms, so the pairwise MIP minimises its Lagrangian instead. For
-every β in [0, 1], max(C, W) ≥ (1 - β) C + β W, hence
-
-    L(β) = min_x  A(x) + (1 - β) C(x) + β W(x)   ≤   min_x T(x)
-
-is the same pairwise MIP with scaled costs, the solver's bound on it is a bound on T, and its
-minimiser x_β is a plan whose T is an incumbent. L is concave in β with supergradient
-W(x_β) - C(x_β): where the weights of x_β hide (W ≤ C) a smaller β is tried, else a larger one.
-At a β whose minimiser has W = C, or at β = 0 when its minimiser has W ≤ C (the common case:
-compute dominates), the incumbent equals the bound and the plan is optimal. The search stops
-there or after `MAX_DUAL_STEPS` solves and reports the gap that remains. Extra incumbents (the
+T is not a sum of pairwise terms, but it is one MIP away: formulations.Problem takes
+"overlapping parts", an objective plain + max(part 0, part 1), and models the max as an
+epigraph variable z ≥ part 0, z ≥ part 1. A is the plain cost, C part 0, W part 1; the MIP
+then minimises T itself, exactly, in one solve (an earlier Lagrangian search over
+A + (1 - β) C + β W needed several solves and could leave a duality gap). Extra incumbents (the
 named strategies) are scored with T too, so the result is never worse than any of them.
 """
 from __future__ import annotations
@@ -31,11 +25,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Mapping
-
-# Solves of the Lagrangian after β = 0 before the remaining gap is reported.
-MAX_DUAL_STEPS = 6
-# Relative gap at which the search stops (solver tolerances are of this order).
-GAP_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -72,27 +61,31 @@ def split(model, choice: Mapping[str, int]) -> Split:
     return Split(a, c, w)
 
 
-def lagrangian_problem(model, beta: float, warm_start: Mapping[str, int] | None):
-    """The pairwise problem of L(β): C scaled by 1 - β, W by β (A as it is)."""
+def overlap_problem(model, warm_start: Mapping[str, int] | None):
+    """The pairwise problem of T: A as plain costs, C and W as the two overlapping parts
+    (formulations.Problem: objective = plain + max(part 0, part 1)). Unpriced edge cells carry
+    their estimates, which are at most the exact seconds and local seconds, so every part,
+    and T (non-decreasing in each), is at most its exact value."""
     import formulations as fm
     nodes = []
     for k, oc in model.nodes.items():
         mem = model.memory[k] if model.memory is not None else None
         f = model.finish.get(k)
-        nodes.append(fm.Node(k, tuple((1 - beta) * model.compute[k][c].total_s
-                                      + (f[c].seconds if f else 0.0)
-                                      for c in range(len(oc.cands))), mem))
+        n = len(oc.cands)
+        nodes.append(fm.Node(k, tuple(f[c].seconds if f else 0.0 for c in range(n)), mem,
+                             (tuple(model.compute[k][c].total_s for c in range(n)),
+                              (0.0,) * n)))
     edges = []
     for e in model.edges:
-        # estimates: exact where priced, else a bound on the wire part and 0 local, which
-        # bounds β·wire + (1 - β)·local from below as well
         cells = e.matrix.estimates()
         if is_weight_edge(model, e):
-            cost = tuple(tuple(beta * (x.seconds - x.local_s) + (1 - beta) * x.local_s
-                               for x in row) for row in cells)
+            zero = tuple(tuple(0.0 for _ in row) for row in cells)
+            local = tuple(tuple(x.local_s for x in row) for row in cells)
+            wire = tuple(tuple(x.seconds - x.local_s for x in row) for row in cells)
+            edges.append(fm.Edge(e.src, e.dst, zero, e.rows, e.cols, (local, wire)))
         else:
-            cost = tuple(tuple(x.seconds for x in row) for row in cells)
-        edges.append(fm.Edge(e.src, e.dst, cost, e.rows, e.cols))
+            edges.append(fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row)
+                                                     for row in cells), e.rows, e.cols))
     return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
                       warm_start=dict(warm_start) if warm_start else None)
 
@@ -105,14 +98,15 @@ class Result:
     gap: float
     wall_s: float
     status: str
-    betas: tuple[float, ...]
 
 
 def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (),
           time_limit_s: float | None = None) -> Result:
-    """Minimise T over the model's choices. `solve_problem(make, warm_start, time_limit_s)`
-    solves the pairwise problem `make(warm_start)` builds (optimize.solve_lazily with the
-    caller's solver settings)."""
+    """Minimise T over the model's choices: one MIP (`overlap_problem`), its max as an
+    epigraph variable. `solve_problem(make, warm_start, time_limit_s)` solves the problem
+    `make(warm_start)` builds (optimize.solve_lazily with the caller's solver settings).
+    `incumbents` (e.g. the named strategies) are scored with T; the best warm-starts the
+    solve, and the result is never worse than any of them."""
     from .errors import SolverError
     from formulations.problem import gap_of as relative_gap
     t0 = time.perf_counter()
@@ -121,38 +115,13 @@ def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (
         t = split(model, inc).total_s
         if best is None or t < best[0]:
             best = (t, dict(inc))
-    bound = float("-inf")
-    status = "optimal"
-    lo, hi = 0.0, 1.0
-    beta = 0.0
-    betas = []
-    for step in range(MAX_DUAL_STEPS + 1):
-        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
-        if left is not None and left <= 0:
-            status = "time_limit"
-            break
-        sol = solve_problem(lambda warm, b=beta: lagrangian_problem(model, b, warm),
-                            best[1] if best else None, left)
-        betas.append(beta)
-        if sol.status != "optimal":
-            status = "time_limit"
-        bound = max(bound, sol.bound)
-        s = split(model, sol.assignment)
-        if best is None or s.total_s < best[0]:
-            best = (s.total_s, dict(sol.assignment))
-        if relative_gap(best[0], bound) <= GAP_TOLERANCE:
-            break
-        if s.weights_s > s.compute_s:
-            lo = beta          # weights exposed: weigh them more
-        else:
-            hi = beta          # weights hidden: weigh compute more
-        if hi <= lo:           # β = 0 hides the weights but the solve was not exact
-            break
-        beta = (lo + hi) / 2
+    sol = solve_problem(lambda warm: overlap_problem(model, warm),
+                        best[1] if best else None, time_limit_s)
+    t = split(model, sol.assignment).total_s  # the same sums, in the order plans are scored
+    if best is None or t < best[0]:
+        best = (t, dict(sol.assignment))
     if best is None:
         raise SolverError("no plan found within the time limit", fix="raise time_limit_s")
-    bound = min(bound, best[0])
-    gap = relative_gap(best[0], bound)
-    if gap > GAP_TOLERANCE and status == "optimal":
-        status = "gap"  # every solve was exact; the Lagrangian bound leaves this gap
-    return Result(best[1], best[0], bound, gap, time.perf_counter() - t0, status, tuple(betas))
+    bound = min(sol.bound, best[0])
+    return Result(best[1], best[0], bound, relative_gap(best[0], bound),
+                  time.perf_counter() - t0, sol.status)

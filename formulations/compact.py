@@ -13,6 +13,10 @@ Every step preserves the optimum exactly (the objective differs by no more than 
    Repeat until stable: subtracting minima can make rows equal.
 5. Edges between the same pair of classes (repeated layers after tying) are summed into one
    matrix over the product projection when that does not enlarge the y variable count.
+
+With overlapping parts (Problem.parts) every cost is a stack of components (plain, part 0,
+part 1): rows and columns merge only when equal in every component, and minima move to the
+unary cost of the same component, so each part is preserved exactly and so is their max.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import Infeasible
-from .problem import Problem
+from .problem import MAX_PARTS, Problem
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class CEdge:
     rows: np.ndarray  # option of u -> row of cost (-1 outside u's domain)
     cols: np.ndarray  # option of v -> column of cost (-1 outside v's domain)
     cost: np.ndarray  # R x S, non-negative with a zero in every row and column
+    parts: np.ndarray | None = None  # MAX_PARTS x R x S (each likewise), when the problem has parts
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Compact:
     memory: tuple[np.ndarray, ...] | None  # per class: resources x options
     side: tuple[CSide, ...]
     class_of: dict[str, int]
+    unary_parts: tuple[np.ndarray, ...] | None = None  # per class: MAX_PARTS x options
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -93,18 +99,19 @@ def _classes(problem: Problem) -> tuple[list[list[str]], dict[str, int]]:
 def _dedupe(index: np.ndarray, mat: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """Merge equal rows (axis 0) or columns (axis 1), numbered by first occurrence; index maps
     options to old rows/columns and is returned mapped to the new ones."""
-    m = (mat if axis == 0 else mat.T) + 0.0  # + 0.0 turns -0.0 into 0.0 so both merge
+    # mat is K x R x S (components stacked); rows/columns merge when equal in all of them
+    m = np.moveaxis(mat, axis + 1, 0) + 0.0  # + 0.0 turns -0.0 into 0.0 so both merge
     seen: dict[bytes, int] = {}
     keep: list[int] = []
     remap = np.empty(m.shape[0], dtype=np.int64)
     for r in range(m.shape[0]):
-        j = seen.setdefault(m[r].tobytes(), len(keep))
+        j = seen.setdefault(np.ascontiguousarray(m[r]).tobytes(), len(keep))
         if j == len(keep):
             keep.append(r)
         remap[r] = j
     if len(keep) == m.shape[0]:
         return index, mat
-    return remap[index], (mat[keep] if axis == 0 else mat[:, keep])
+    return remap[index], (mat[:, keep] if axis == 0 else mat[:, :, keep])
 
 
 def _canonical(
@@ -115,19 +122,19 @@ def _canonical(
     used_r, ru = np.unique(rows[du], return_inverse=True)
     used_c, cv = np.unique(cols[dv], return_inverse=True)
     ru, cv = ru.reshape(-1), cv.reshape(-1)
-    mat = cost[np.ix_(used_r, used_c)].astype(float, copy=True)
+    mat = cost[:, used_r][:, :, used_c].astype(float, copy=True)  # K x R x S
     for _ in range(4):
         shape = mat.shape
         ru, mat = _dedupe(ru, mat, 0)
         cv, mat = _dedupe(cv, mat, 1)
-        rmin = mat.min(axis=1)
+        rmin = mat.min(axis=2)  # K x R
         if np.any(rmin != 0):
-            unary[u][du] += rmin[ru]
-            mat = mat - rmin[:, None]
-        cmin = mat.min(axis=0)
+            unary[u][:, du] += rmin[:, ru]
+            mat = mat - rmin[:, :, None]
+        cmin = mat.min(axis=1)  # K x S
         if np.any(cmin != 0):
-            unary[v][dv] += cmin[cv]
-            mat = mat - cmin[None, :]
+            unary[v][:, dv] += cmin[:, cv]
+            mat = mat - cmin[:, None, :]
         if not np.any(mat):
             return None
         if mat.shape == shape and not np.any(rmin) and not np.any(cmin):
@@ -141,15 +148,16 @@ def _canonical(
 def _merge(a: CEdge, b: CEdge, domain, unary) -> CEdge | None | bool:
     """Sum two edges on the same pair of classes; False when the product is not smaller."""
     du, dv = np.array(domain[a.u]), np.array(domain[a.v])
-    pr = a.rows[du] * b.cost.shape[0] + b.rows[du]
-    pc = a.cols[dv] * b.cost.shape[1] + b.cols[dv]
+    R, S = b.cost.shape[1:]
+    pr = a.rows[du] * R + b.rows[du]
+    pc = a.cols[dv] * S + b.cols[dv]
     ur, ir = np.unique(pr, return_inverse=True)
     uc, ic = np.unique(pc, return_inverse=True)
-    if len(ur) * len(uc) > a.cost.size + b.cost.size:
+    if len(ur) * len(uc) > a.cost[0].size + b.cost[0].size:
         return False
-    ar, br = ur // b.cost.shape[0], ur % b.cost.shape[0]
-    ac, bc = uc // b.cost.shape[1], uc % b.cost.shape[1]
-    mat = a.cost[np.ix_(ar, ac)] + b.cost[np.ix_(br, bc)]
+    ar, br = ur // R, ur % R
+    ac, bc = uc // S, uc % S
+    mat = a.cost[:, ar][:, :, ac] + b.cost[:, br][:, :, bc]
     rows = np.full(len(a.rows), -1, dtype=np.int64)
     cols = np.full(len(a.cols), -1, dtype=np.int64)
     rows[du], cols[dv] = ir.reshape(-1), ic.reshape(-1)
@@ -172,9 +180,13 @@ def compact(problem: Problem) -> Compact:
         domain.append((fixed.pop(),) if fixed else tuple(range(n_options[i])))
     dom = tuple(domain)
 
-    unary = [np.zeros(k) for k in n_options]
+    # components: the plain cost, then each overlapping part (Problem)
+    k_parts = MAX_PARTS if problem.has_parts else 0
+    unary = [np.zeros((1 + k_parts, k)) for k in n_options]
     for n in problem.nodes:
-        unary[class_of[n.name]] += np.asarray(n.costs)
+        unary[class_of[n.name]][0] += np.asarray(n.costs)
+        if k_parts and n.parts is not None:
+            unary[class_of[n.name]][1:] += np.asarray(n.parts)
 
     memory = None
     if problem.capacities is not None:
@@ -191,14 +203,18 @@ def compact(problem: Problem) -> Compact:
     for j in order:
         e = problem.edges[j]
         u, v = class_of[e.src], class_of[e.dst]
-        cost = np.asarray(e.cost, dtype=float)
+        plain = np.asarray(e.cost, dtype=float)
+        cost = np.zeros((1 + k_parts,) + plain.shape)
+        cost[0] = plain
+        if k_parts and e.parts is not None:
+            cost[1:] = np.asarray(e.parts, dtype=float)
         rows = np.arange(n_options[u]) if e.src_proj is None else np.asarray(e.src_proj)
         cols = np.arange(n_options[v]) if e.dst_proj is None else np.asarray(e.dst_proj)
         if u == v:  # both ends share one choice
-            unary[u] += cost[rows, cols]
+            unary[u] += cost[:, rows, cols]
             continue
         if u > v:
-            u, v, rows, cols, cost = v, u, cols, rows, cost.T
+            u, v, rows, cols, cost = v, u, cols, rows, cost.transpose(0, 2, 1)
         key = (u, v, rows.tobytes(), cols.tobytes(), cost.shape)
         if key in raw:
             raw[key][4] = raw[key][4] + cost
@@ -222,7 +238,8 @@ def compact(problem: Problem) -> Compact:
             break
         else:
             kept.append(ce)
-    edges = tuple(e for key in sorted(pairs) for e in pairs[key])
+    edges = tuple(CEdge(e.u, e.v, e.rows, e.cols, e.cost[0], e.cost[1:] if k_parts else None)
+                  for key in sorted(pairs) for e in pairs[key])
 
     side = []
     for s in problem.side:
@@ -243,9 +260,10 @@ def compact(problem: Problem) -> Compact:
         members=tuple(tuple(ms) for ms in members),
         n_options=n_options,
         domain=dom,
-        unary=tuple(unary),
+        unary=tuple(u[0] for u in unary),
         edges=edges,
         memory=None if memory is None else tuple(memory),
         side=tuple(side),
         class_of=class_of,
+        unary_parts=tuple(u[1:] for u in unary) if k_parts else None,
     )

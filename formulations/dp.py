@@ -81,6 +81,8 @@ def solve_tree(problem: Problem) -> Solution:
         raise NotATree("dp does not model memory capacities; use formulations.solve")
     if problem.side:
         raise NotATree("dp does not model side constraints; use formulations.solve")
+    if problem.has_parts:
+        raise NotATree("dp does not model overlapping parts (a max); use formulations.solve")
     if any(len(set(g)) > 1 for g in problem.tie):
         raise NotATree("tie groups couple distant nodes (not a tree); use formulations.solve")
 

@@ -16,6 +16,9 @@ Formulation (after the exact presolve in `compact.py`; sets below are over the p
         ydst_e_s        Σ_r y[e,r,s] = Σ_{c' ∈ Q_e(s)} x[v,c']
         mem_k           Σ_v Σ_c m[k,v,c]·x[v,c] ≤ cap[k] − (memory of one-option classes)
         side_i          Σ coef·x  (≤ | ≥ | =)  rhs − (constants of one-option classes)
+        maxpart_k       z ≥ Σ_v Σ_c p_k[v,c]·x[v,c] + Σ_e Σ_{r,s} q_k[e,r,s]·y[e,r,s] + const_k
+                        (with overlapping parts, Problem: z joins the objective, so it is
+                        the larger part at the optimum)
 
 With x integral the marginals of y are the one-hot vectors of the two projected choices, so
 y is their outer product and integral without being declared binary; the LP relaxation is the
@@ -50,6 +53,9 @@ from .problem import Problem, Solution, gap_of, memory_excess, objective, violat
 
 SolverName = Literal["highs", "cbc"]
 _SEED = 0
+# Objectives are scaled to at most 1 per term; a returned solution whose objective differs from
+# the reported one by more than this is not the solution HiGHS found.
+STALE_TOL = 1e-6
 
 
 @contextlib.contextmanager
@@ -108,6 +114,8 @@ class _Built:
     scale: float  # solver objective = (true objective - offset) / scale
     offset: float
     trivially_infeasible: str | None  # a row with no variables that cannot hold
+    z: pulp.LpVariable | None = None  # max of the parts (scaled), when the problem has parts
+    part_consts: tuple[float, ...] = ()  # each part's constant from one-option classes
 
 
 def _affine(terms) -> pulp.LpAffineExpression:
@@ -134,6 +142,9 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
     if mode == "cost":
         mags = [float(np.max(np.abs(cp.unary[i][list(cp.domain[i])]))) for i in active]
         mags += [float(e.cost.max()) for e in cp.edges]
+        if cp.unary_parts is not None:
+            mags += [float(np.max(np.abs(cp.unary_parts[i][:, list(cp.domain[i])]))) for i in active]
+            mags += [float(np.abs(e.parts).max()) for e in cp.edges if e.parts is not None]
         scale = max([m for m in mags if m > 0] or [1.0])
         for i in active:
             obj += [(x[(i, c)], float(cp.unary[i][c]) / scale) for c in cp.domain[i]]
@@ -150,6 +161,28 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
                 terms = [(y[(r, s)], 1.0) for r in range(R)]
                 terms += [(x[(e.v, c)], -1.0) for c in cp.domain[e.v] if e.cols[c] == s]
                 lp.addConstraint(pulp.LpConstraint(_affine(terms), pulp.LpConstraintEQ, f"ydst_{j}_{s}", 0.0))
+        if cp.unary_parts is not None:
+            # objective + max_k part_k: z >= part_k for every k, z in the objective
+            z = lp.add_variable("z_max_parts")
+            obj.append((z, 1.0))
+            consts = []
+            for k in range(cp.unary_parts[0].shape[0]):
+                const = float(sum(cp.unary_parts[i][k, cp.domain[i][0]]
+                                  for i in range(len(cp.domain)) if len(cp.domain[i]) == 1))
+                consts.append(const)
+                terms = [(z, 1.0)]
+                for i in active:
+                    terms += [(x[(i, c)], -float(cp.unary_parts[i][k, c]) / scale)
+                              for c in cp.domain[i] if cp.unary_parts[i][k, c] != 0]
+                for e, y in zip(cp.edges, ys):
+                    if e.parts is None:
+                        continue
+                    R, S = e.cost.shape
+                    terms += [(y[(r, s)], -float(e.parts[k, r, s]) / scale)
+                              for r in range(R) for s in range(S) if e.parts[k, r, s] != 0]
+                lp.addConstraint(pulp.LpConstraint(_affine(terms), pulp.LpConstraintGE,
+                                                   f"maxpart_{k}", const / scale))
+            z_var, part_consts = z, tuple(consts)
 
     bad: str | None = None
     senses = {"<=": pulp.LpConstraintLE, ">=": pulp.LpConstraintGE, "==": pulp.LpConstraintEQ}
@@ -185,6 +218,8 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
         if first is not None:
             obj = [(first, 0.0)]
     lp.setObjective(_affine(obj))
+    if mode == "cost" and cp.unary_parts is not None:
+        return _Built(lp, x, ys, scale, offset, bad, z_var, part_consts)
     return _Built(lp, x, ys, scale, offset, bad)
 
 
@@ -205,6 +240,12 @@ def _run(lp: pulp.LpProblem, solver: str, time_limit_s, threads, msg, start) -> 
         import highspy
 
         h = lp.solverModel
+        if start and _stale(lp, h):
+            # HiGHS may report an optimum it found in presolve yet hand back the MIP start's
+            # values; solve again without the start (rare: tiny problems)
+            lp.solve(_HiGHS(start=None, msg=msg, timeLimit=time_limit_s, threads=threads,
+                            gapRel=0.0, gapAbs=0.0, random_seed=_SEED))
+            h = lp.solverModel
         st = h.getModelStatus()
         info = h.getInfo()
         has = info.primal_solution_status == 2
@@ -249,6 +290,16 @@ def _run(lp: pulp.LpProblem, solver: str, time_limit_s, threads, msg, start) -> 
     raise InvalidProblem(f"unknown solver {solver!r}; use 'highs' or 'cbc'")
 
 
+def _stale(lp: pulp.LpProblem, h) -> bool:
+    """The values handed back do not have the objective HiGHS reports for them."""
+    info = h.getInfo()
+    if info.primal_solution_status != 2:
+        return False
+    got = lp.objective.value() or 0.0
+    want = info.objective_function_value
+    return abs(got - want) > STALE_TOL * max(1.0, abs(want))
+
+
 def _choice(cp: Compact, built: _Built) -> dict[int, int]:
     out = {}
     for i in cp.active:
@@ -259,16 +310,29 @@ def _choice(cp: Compact, built: _Built) -> dict[int, int]:
 
 def _start_values(cp: Compact, built: _Built, choice: dict[int, int]) -> list[tuple[pulp.LpVariable, float]]:
     vals = [(built.x[(i, choice[i])], 1.0) for i in cp.active]
+    parts = list(built.part_consts)
+    for i in cp.active:
+        for k in range(len(parts)):
+            parts[k] += float(cp.unary_parts[i][k, choice[i]])
     for e, y in zip(cp.edges, built.y):
         cu = choice.get(e.u, cp.domain[e.u][0])
         cv = choice.get(e.v, cp.domain[e.v][0])
-        vals.append((y[(int(e.rows[cu]), int(e.cols[cv]))], 1.0))
+        r, s = int(e.rows[cu]), int(e.cols[cv])
+        vals.append((y[(r, s)], 1.0))
+        if e.parts is not None:
+            for k in range(len(parts)):
+                parts[k] += float(e.parts[k, r, s])
+    if built.z is not None:
+        vals.append((built.z, max(parts) / built.scale))
     return vals
 
 
 def _tree_choice(cp: Compact) -> dict[int, int] | None:
     """Exact minimiser of unary + pairwise terms (memory and side rows ignored) when the
-    pairwise terms form a forest; None otherwise."""
+    pairwise terms form a forest; None otherwise (and with overlapping parts: a max of two
+    sums does not decompose over the tree)."""
+    if cp.unary_parts is not None:
+        return None
     pair = {}
     for e in cp.edges:
         if (e.u, e.v) in pair:

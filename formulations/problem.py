@@ -20,6 +20,8 @@ Status = Literal["optimal", "time_limit"]
 # Feasibility tolerance, relative to the size of each constraint. Solvers work to ~1e-7 on
 # scaled rows; checking with the same slack keeps exhaustive and MIP answers comparable.
 FEAS_TOL = 1e-7
+# Overlapping parts of the objective (see Problem): compute and what streams behind it.
+MAX_PARTS = 2
 
 
 def _floats(values, what: str) -> tuple[float, ...]:
@@ -37,11 +39,18 @@ class Node:
     name: str
     costs: tuple[float, ...]
     memory: tuple[tuple[float, ...], ...] | None = None
+    parts: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # see Problem
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "costs", _floats(self.costs, f"node {self.name!r} costs"))
         if not self.costs:
             raise InvalidProblem(f"node {self.name!r} has no options")
+        if self.parts is not None:
+            parts = tuple(_floats(p, f"node {self.name!r} parts") for p in self.parts)
+            if len(parts) != MAX_PARTS or any(len(p) != len(self.costs) for p in parts):
+                raise InvalidProblem(f"node {self.name!r}: parts must be {MAX_PARTS} rows of "
+                                     f"{len(self.costs)} costs")
+            object.__setattr__(self, "parts", parts)
         if self.memory is not None:
             mem = tuple(_floats(row, f"node {self.name!r} memory") for row in self.memory)
             for k, row in enumerate(mem):
@@ -68,6 +77,7 @@ class Edge:
     cost: tuple[tuple[float, ...], ...]
     src_proj: tuple[int, ...] | None = None
     dst_proj: tuple[int, ...] | None = None
+    parts: tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]] | None = None
 
     def __post_init__(self) -> None:
         rows = tuple(_floats(r, f"edge {self.src!r}->{self.dst!r} cost") for r in self.cost)
@@ -76,6 +86,14 @@ class Edge:
         if any(len(r) != len(rows[0]) for r in rows):
             raise InvalidProblem(f"edge {self.src!r}->{self.dst!r}: cost matrix is ragged")
         object.__setattr__(self, "cost", rows)
+        if self.parts is not None:
+            parts = tuple(tuple(_floats(r, f"edge {self.src!r}->{self.dst!r} parts") for r in m)
+                          for m in self.parts)
+            if len(parts) != MAX_PARTS or any(
+                    len(m) != len(rows) or any(len(r) != len(rows[0]) for r in m) for m in parts):
+                raise InvalidProblem(f"edge {self.src!r}->{self.dst!r}: parts must be "
+                                     f"{MAX_PARTS} matrices shaped like cost")
+            object.__setattr__(self, "parts", parts)
         for attr, bound in (("src_proj", len(rows)), ("dst_proj", len(rows[0]))):
             proj = getattr(self, attr)
             if proj is None:
@@ -107,6 +125,9 @@ class LinearConstraint:
 
 @dataclass(frozen=True)
 class Problem:
+    """Objective: Σ costs  +  max(Σ parts[0], Σ parts[1]) over the chosen options and cells.
+    Parts model two activities that overlap in time (e.g. compute and transfers streamed
+    behind it): only the longer one counts. Nodes and edges without parts add 0 to both."""
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...] = ()
     capacities: tuple[float, ...] | None = None
@@ -174,6 +195,11 @@ class Problem:
             for n, c, _ in s.terms:
                 option(n, c, f"side constraint {s.name!r}")
 
+    @property
+    def has_parts(self) -> bool:
+        return any(n.parts is not None for n in self.nodes) or \
+            any(e.parts is not None for e in self.edges)
+
     def node(self, name: str) -> Node:
         for n in self.nodes:
             if n.name == name:
@@ -201,11 +227,20 @@ def _proj(p: tuple[int, ...] | None, c: int) -> int:
 
 def objective(problem: Problem, assignment: Mapping[str, int]) -> float:
     total = 0.0
+    parts = [0.0] * MAX_PARTS
     for n in problem.nodes:
-        total += n.costs[assignment[n.name]]
+        c = assignment[n.name]
+        total += n.costs[c]
+        if n.parts is not None:
+            for k in range(MAX_PARTS):
+                parts[k] += n.parts[k][c]
     for e in problem.edges:
-        total += e.cost[_proj(e.src_proj, assignment[e.src])][_proj(e.dst_proj, assignment[e.dst])]
-    return total
+        r, s = _proj(e.src_proj, assignment[e.src]), _proj(e.dst_proj, assignment[e.dst])
+        total += e.cost[r][s]
+        if e.parts is not None:
+            for k in range(MAX_PARTS):
+                parts[k] += e.parts[k][r][s]
+    return total + max(parts) if problem.has_parts else total
 
 
 def memory_usage(problem: Problem, assignment: Mapping[str, int]) -> tuple[float, ...]:

@@ -19,7 +19,8 @@ def close(a: float, b: float) -> bool:
 
 
 @st.composite
-def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True) -> F.Problem:
+def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
+             parts: bool = False) -> F.Problem:
     n = draw(st.integers(1, max_nodes))
     ks = [draw(st.integers(1, 5)) for _ in range(n)]
     while _product(ks) > 600:  # keeps brute force cheap
@@ -34,7 +35,11 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True) 
         mem = None
         if use_mem and draw(st.booleans()):
             mem = tuple(tuple(draw(st.lists(st.integers(0, 9), min_size=k, max_size=k))) for _ in range(n_res))
-        nodes.append(F.Node(name, tuple(unit * c for c in draw(st.lists(cost, min_size=k, max_size=k))), mem))
+        npart = None
+        if parts and draw(st.booleans()):  # two overlapping parts: only the larger counts
+            npart = tuple(tuple(unit * c for c in draw(st.lists(cost, min_size=k, max_size=k)))
+                          for _ in range(2))
+        nodes.append(F.Node(name, tuple(unit * c for c in draw(st.lists(cost, min_size=k, max_size=k))), mem, npart))
     pairs = [(names[draw(st.integers(0, j - 1))], names[j]) for j in range(1, n) if draw(st.booleans())] if tree else [
         (names[i], names[j]) for j in range(n) for i in range(j) if draw(st.integers(0, 2)) == 0
     ]
@@ -52,7 +57,11 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True) 
             rb = draw(st.integers(1, kb))
             pb = tuple(draw(st.integers(0, rb - 1)) for _ in range(kb))
         mat = tuple(tuple(unit * draw(cost) for _ in range(rb)) for _ in range(ra))
-        edges.append(F.Edge(a, b, mat, pa, pb))
+        epart = None
+        if parts and draw(st.booleans()):
+            epart = tuple(tuple(tuple(unit * draw(cost) for _ in range(rb)) for _ in range(ra))
+                          for _ in range(2))
+        edges.append(F.Edge(a, b, mat, pa, pb, epart))
     tie, fixed, side, caps = (), {}, (), None
     if extras:
         by_k: dict[int, list[str]] = {}
@@ -110,6 +119,13 @@ SLOW_OK = settings(max_examples=300, deadline=None, suppress_health_check=[Healt
 @SLOW_OK
 @given(problems())
 def test_highs_matches_brute_force(problem):
+    check_same(problem, outcome(F.solve, problem), outcome(F.exhaustive, problem))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True))
+def test_overlapping_parts_match_brute_force(problem):
+    # objective = plain + max(part 0, part 1): the epigraph row pair against enumeration
     check_same(problem, outcome(F.solve, problem), outcome(F.exhaustive, problem))
 
 

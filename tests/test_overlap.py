@@ -1,4 +1,4 @@
-"""The overlap objective A + max(C, W): its Lagrangian search against brute force, its split,
+"""The overlap objective A + max(C, W): its exact MIP (epigraph of the max) against brute force, its split,
 and what it changes in the plans."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _brute_force(model) -> float:
     return best
 
 
-def test_lagrangian_search_matches_brute_force_on_random_graphs():
+def test_overlap_mip_matches_brute_force_on_random_graphs():
     rng = random.Random(1)
     topos = [(n, f()) for n, f in TOPOLOGIES]
     closed = 0
@@ -49,10 +49,10 @@ def test_lagrangian_search_matches_brute_force_on_random_graphs():
         assert res.bound <= best * (1 + 1e-9) + 1e-15, (trial, name)
         assert model.objective(res.assignment) == pytest.approx(res.objective, rel=1e-12)
         assert res.objective >= best * (1 - 1e-9) - 1e-15
-        if res.gap <= 1e-9:
+        if res.gap <= 1e-6:  # HiGHS' feasibility tolerance on the scaled max rows
             closed += 1
             assert res.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
-    assert closed >= 50  # the dual closes on nearly every graph; each open gap is reported
+    assert closed == 60  # one exact MIP: no duality gap left open
 
 
 def _mlp(tokens: int, d: int = 4096, f: int = 16384):
