@@ -59,6 +59,8 @@ from .placement import INPUT_PREFIX, Candidate, output_layout
 
 WEIGHT_MODES = ("sharded", "free")
 MIN_TIE_PERIOD = 4  # ops per repeated block; shorter periods are patterns inside one block
+# Lazy pricing: solves on bounds before every edge cell is priced (see `solve_lazily`).
+LAZY_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -529,9 +531,12 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     until it uses priced cells only. Then it is optimal for the exact costs as well: its cost
     is exact and every other choice costs at least its estimate. Each round's solver bound is
     a bound on the exact problem (estimates never exceed the costs), and each round prices at
-    least one new cell, so this ends."""
+    least one new cell, so this ends. Where the bounds are loose (cross-node exchanges that
+    the synthesis cannot spread over every NIC) rounds could go on for long, so after
+    `LAZY_ROUNDS` solves every cell is priced and the next solve is exact."""
     t0 = time.perf_counter()
     warm = warm_start
+    rounds = 0
     while True:
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
         if left is not None and left <= 0:
@@ -540,7 +545,11 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         todo = unpriced(model, sol.assignment)
         if not todo:
             return sol
-        model.pricer.prefetch_short(todo)
+        rounds += 1
+        if rounds >= LAZY_ROUNDS:
+            price_all(model)
+        else:
+            model.pricer.prefetch_short(todo)
         warm = sol.assignment
         if sol.status != "optimal" or (time_limit_s is not None
                                        and time.perf_counter() - t0 >= time_limit_s):
