@@ -61,6 +61,8 @@ WEIGHT_MODES = ("sharded", "free")
 MIN_TIE_PERIOD = 4  # ops per repeated block; shorter periods are patterns inside one block
 # Lazy pricing: solves on bounds before every edge cell is priced (see `solve_lazily`).
 LAZY_ROUNDS = 3
+# Relative margin on the incumbent when deciding which cells could still matter (rounding).
+HOPEFUL_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -514,6 +516,35 @@ def price_all(model: Model) -> None:
     model.pricer.prefetch_short(shorts)
 
 
+def hopeful_cells(model: Model, upper: float) -> list[tuple]:
+    """Unpriced cells that could be in a plan of objective <= `upper` (a plan's exact cost):
+    those whose own bound plus the least compute (or unary cost) of every node does not
+    exceed it. The others keep their bounds in the MIP: any choice using one costs more than
+    `upper` on the bounds alone, so an optimal solve never picks it (and `solve_lazily`
+    checks that it did not)."""
+    from .overlap import is_weight_edge
+    overlap = model.options.overlap
+    floor = sum(min(c.total_s for c in model.compute[k]) if overlap else
+                min(model.unary(k, c) for c in range(len(oc.cands)))
+                for k, oc in model.nodes.items())
+    slack = upper * (1 + HOPEFUL_MARGIN)
+    out: dict[tuple, None] = {}
+    seen: set[int] = set()
+    for e in model.edges:
+        if id(e.matrix) in seen:
+            continue
+        seen.add(id(e.matrix))
+        weight = overlap and is_weight_edge(model, e)
+        R, S = e.matrix.shape
+        for r in range(R):
+            for s_ in range(S):
+                seconds, local = e.matrix.bounds[r][s_]
+                lb = max(floor + local, seconds - local) if weight else floor + seconds
+                if lb <= slack and not e.matrix.priced(r, s_):
+                    out[e.matrix.short(r, s_)] = None
+    return list(out)
+
+
 def unpriced(model: Model, choice: Mapping[str, int]) -> list[tuple]:
     """The edge cells `choice` uses that are not priced yet (pricer keys, no repeats)."""
     out: dict[tuple, None] = {}
@@ -533,7 +564,8 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     a bound on the exact problem (estimates never exceed the costs), and each round prices at
     least one new cell, so this ends. Where the bounds are loose (cross-node exchanges that
     the synthesis cannot spread over every NIC) rounds could go on for long, so after
-    `LAZY_ROUNDS` solves every cell is priced and the next solve is exact."""
+    `LAZY_ROUNDS` solves every cell that could still be in a plan no worse than the current
+    one is priced (`hopeful_cells`), and the next solve is exact."""
     t0 = time.perf_counter()
     warm = warm_start
     rounds = 0
@@ -546,10 +578,9 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         if not todo:
             return sol
         rounds += 1
+        model.pricer.prefetch_short(todo)
         if rounds >= LAZY_ROUNDS:
-            price_all(model)
-        else:
-            model.pricer.prefetch_short(todo)
+            model.pricer.prefetch_short(hopeful_cells(model, model.objective(sol.assignment)))
         warm = sol.assignment
         if sol.status != "optimal" or (time_limit_s is not None
                                        and time.perf_counter() - t0 >= time_limit_s):
