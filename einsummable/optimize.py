@@ -15,7 +15,9 @@ solves is
               not fed back (no steady state), the exchange that folds its partial sums;
     L_u(c)    the output layout of u's candidate c (rows of the edge matrix: a projection);
     N_ev(c)   the blocks v's candidate c reads of the edge's tensor (columns);
-    w[e,r,s]  exchange seconds from layout r to needs s (`exchange.synthesize` + time);
+    w[e,r,s]  exchange seconds from layout r to needs s (`exchange.synthesize` + time),
+              priced lazily: the MIP first sees a lower bound (`bound.py`) for each cell
+              and only the cells its solutions use are synthesised (`solve_lazily`);
     m         resident bytes (below).
 
 With `Options.overlap` (the default) the objective is not that plain sum but
