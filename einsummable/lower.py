@@ -241,9 +241,11 @@ def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
 
 
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
-          mode: str = "optimized", prefetch: int = PREFETCH_OPS) -> Lowered:
+          mode: str = "optimized", prefetch: int = PREFETCH_OPS,
+          coalesce: bool = True) -> Lowered:
     """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
-    `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive")."""
+    `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive").
+    `coalesce`: blocks for one peer in one p2p batch travel as one message (`coalesce.py`)."""
     graph, choice, topology = _unpack(plan, choice, topology)
     from .topology import load_topology
     topology = load_topology(topology)
@@ -273,6 +275,10 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     # Weights do not depend on the activations: their transfers for the next `prefetch` ops
     # that read weights go out before this op's kernels, so they flow while it computes.
     weighted = [op for op in graph.ops if any(graph.tensor(n).kind == "weight" for n in op.inputs)]
+    if coalesce and any(d.message_s for d in topology.devices):
+        # A transport that charges per message: every weight goes out at the start, in one
+        # batch, so that coalescing packs each peer's blocks into one message.
+        prefetch = len(weighted)
     fetched = 0
 
     def fetch_weights(upto: int) -> None:
@@ -317,6 +323,9 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
         keep[0].add(b)
     programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
                      for r in range(world))
+    if coalesce:
+        from .coalesce import coalesce as pack_messages
+        programs = pack_messages(programs, topology)
     return Lowered(graph, programs, mode)
 
 

@@ -177,6 +177,11 @@ class Device:
     mem_bw: float                 # B/s
     mem_bytes: float
     launch_s: float               # kernel launch overhead
+    # Host seconds each point-to-point message costs its sender and its receiver one after
+    # another (the transport's per-message handshake: large for gloo ranks sharing cores,
+    # negligible beside the latency for NCCL). Lowering packs small blocks for one peer into
+    # one message where this exceeds the copy (`coalesce.py`).
+    message_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Own a private copy so that the caller's dict cannot change a frozen device.
@@ -184,7 +189,7 @@ class Device:
 
     def __hash__(self) -> int:  # peak_flops is a dict: hash its items
         return hash((self.id, self.name, self.node, tuple(sorted(self.peak_flops.items())),
-                     self.mem_bw, self.mem_bytes, self.launch_s))
+                     self.mem_bw, self.mem_bytes, self.launch_s, self.message_s))
 
     def peak(self, dtype: Any) -> float:
         return self.peak_flops[canonical_dtype(dtype)]
@@ -384,7 +389,8 @@ class Topology:
         """Explicit form (every device and directed link spelled out); from_dict inverts it."""
         devices = [{"id": d.id, "name": d.name, "node": d.node,
                     "peak_flops": {k: d.peak_flops[k] for k in DTYPES},
-                    "mem_bw": d.mem_bw, "mem_bytes": d.mem_bytes, "launch": d.launch_s}
+                    "mem_bw": d.mem_bw, "mem_bytes": d.mem_bytes, "launch": d.launch_s,
+                    **({"message": d.message_s} if d.message_s else {})}
                    for d in self.devices]
         links: list[dict] = []
         lmap = self._link_map()
@@ -558,6 +564,7 @@ def _check_structure(name: Any, devices: tuple[Device, ...], links: tuple[Link, 
         _check_pos(d.mem_bw, f"devices[{i}].mem_bw", "bytes/s", fail)
         _check_pos(d.mem_bytes, f"devices[{i}].mem_bytes", "bytes", fail)
         _check_nonneg(d.launch_s, f"devices[{i}].launch", "seconds", fail)
+        _check_nonneg(d.message_s, f"devices[{i}].message", "seconds", fail)
     n = len(devices)
     pairs: dict[tuple[int, int], int] = {}
     for i, l in enumerate(links):
@@ -665,7 +672,7 @@ def _check_connected(n: int, pairs: Mapping[tuple[int, int], int], fail: Callabl
 # YAML / dict loading
 
 _TOP_KEYS = ("name", "source_notes", "device_types", "nodes", "devices", "links", "levels")
-_SPEC_KEYS = ("peak_flops", "mem_bw", "mem_bytes", "launch")
+_SPEC_KEYS = ("peak_flops", "mem_bw", "mem_bytes", "launch", "message")
 _NODES_KEYS = ("count", "devices_per_node", "device_type", "name")
 _DEVICE_KEYS = ("id", "name", "node", "type") + _SPEC_KEYS
 _RULE_KEYS = ("kind", "pairs", "src", "dst", "bw", "total_bw", "latency", "shared", "lanes",
@@ -755,7 +762,9 @@ class _Builder:
                 "mem_bytes": self.qty(self.require(d, "mem_bytes", path), f"{path}.mem_bytes",
                                       "bytes"),
                 "launch_s": self.qty(self.require(d, "launch", path), f"{path}.launch", "time",
-                                     positive=False)}
+                                     positive=False),
+                "message_s": self.qty(d.get("message", 0), f"{path}.message", "time",
+                                      positive=False)}
 
     def device_types(self, v: Any) -> dict[str, dict]:
         if not isinstance(v, dict):
@@ -997,7 +1006,7 @@ def synthetic(n: int, *, nodes: int = 1, intra_bw: float = SYNTH_INTRA_BW,
               inter_latency_s: float = SYNTH_INTER_LATENCY_S,
               peak_flops: Mapping[str, float] | None = None, mem_bw: float = SYNTH_MEM_BW,
               mem_bytes: float = SYNTH_MEM_BYTES, launch_s: float = SYNTH_LAUNCH_S,
-              name: str | None = None) -> Topology:
+              name: str | None = None, message_s: float = 0.0) -> Topology:
     """n devices in ``nodes`` equal nodes, every pair linked: nvswitch inside a node, ib across
     (outbound traffic of a device shares its NIC). Defaults are A100-like; the intra- and
     inter-node rates are per-device totals (ports), as on NVSwitch and rail NICs."""
@@ -1010,7 +1019,7 @@ def synthetic(n: int, *, nodes: int = 1, intra_bw: float = SYNTH_INTRA_BW,
     per = n // nodes
     rates = dict(SYNTH_PEAK_FLOPS if peak_flops is None else peak_flops)
     devs = tuple(Device(i, f"n{i // per}.dev{i % per}" if nodes > 1 else f"dev{i}", i // per,
-                        rates, mem_bw, mem_bytes, launch_s) for i in range(n))
+                        rates, mem_bw, mem_bytes, launch_s, message_s) for i in range(n))
     links = []
     for a, b in itertools.permutations(range(n), 2):
         if a // per == b // per:

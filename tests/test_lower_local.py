@@ -109,9 +109,10 @@ def test_every_buffer_is_freed_except_outputs():
     rng = random.Random(11)
     g = random_graph(rng)
     low = lower(g, random_choice(g, 4, rng), TOPOS[4])
-    from einsummable.runtime.program import Free, Output, writes
+    from einsummable.runtime.program import Free, Output, Unpack, writes
     for p in low.programs:
         made = {writes(i) for i in p.instrs if writes(i) is not None}
+        made |= {part[0] for i in p.instrs if isinstance(i, Unpack) for part in i.parts}
         freed = {i.buf for i in p.instrs if isinstance(i, Free)}
         kept = {i.src for i in p.instrs if isinstance(i, Output)}
         assert made == freed | kept

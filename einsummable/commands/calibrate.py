@@ -9,6 +9,9 @@ the runtime gives each rank, because that is the condition the runtime's program
     launch          seconds per instruction of the runtime on a 1-rank program of tiny ops
     p2p latency     half the round trip of a 1-element message, median over all pairs
     p2p bandwidth   bytes / (half round trip - latency) of a large message   -> loopback bw
+    message         host seconds one more message adds to a batch, every rank exchanging
+                    with every peer at once: (T(m) - T(1)) / ((m - 1) · 2 · (world - 1)) for
+                    batches of m tiny sends and receives per peer                -> message
 """
 from __future__ import annotations
 
@@ -40,12 +43,15 @@ class Effort:
     budget_s: float        # minimum timed span of one trial
     trials: int
     launch_ops: int
+    batch_messages: int = 8  # m above: messages per peer in the large batch
 
 
 FULL = Effort(matmul_n=512, matmul_n_half=256, mem_elems=1 << 23, msg_bytes=1 << 24,
               budget_s=0.25, trials=5, launch_ops=200)
 QUICK = Effort(matmul_n=128, matmul_n_half=64, mem_elems=1 << 20, msg_bytes=1 << 20,
-               budget_s=0.01, trials=1, launch_ops=20)
+               budget_s=0.01, trials=1, launch_ops=20, batch_messages=4)
+# Timed batches per trial of the message measurement (after one warm-up batch).
+MESSAGE_REPS = 6
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class Measured:
     launch_s: float
     p2p_bw: float
     p2p_latency_s: float
+    message_s: float = 0.0
 
 
 def _rate(fn: Callable[[], Any], work: float, effort: Effort) -> float:
@@ -136,6 +143,43 @@ def _pingpong(rank: int, peer: int, nbytes: int, effort: Effort, timeout: dateti
     return statistics.median(times)
 
 
+def _batch_s(rank: int, world: int, m: int, tag: int, timeout: datetime.timedelta) -> float:
+    """Seconds of one batch in which this rank sends m tiny messages to, and receives m from,
+    every peer (all ranks at once, as in a program's exchange)."""
+    import torch.distributed as dist
+    from ..runtime.dist import p2p_barrier
+    peers = [p for p in range(world) if p != rank]
+    ops = [dist.P2POp(fn, torch.zeros(1), p, tag=tag + k)
+           for p in peers for k in range(m) for fn in (dist.isend, dist.irecv)]
+    p2p_barrier(rank, world)
+    t0 = time.perf_counter()
+    for w in dist.batch_isend_irecv(ops):
+        if w.wait(timeout) is False:
+            raise TimeoutError(f"rank {rank}: message batch timed out")
+    return time.perf_counter() - t0
+
+
+def _message_s(rank: int, world: int, effort: Effort, timeout: datetime.timedelta) -> float:
+    """Host seconds one more message costs (see the module docstring), median of trials."""
+    if world == 1:
+        return 0.0
+    m = effort.batch_messages
+    per = []
+    for trial in range(effort.trials):
+        tag = trial * (MESSAGE_REPS + 1) * 2 * m
+        one, many = [], []
+        for rep in range(MESSAGE_REPS + 1):
+            base = tag + rep * 2 * m
+            t1 = _batch_s(rank, world, 1, base, timeout)
+            tm = _batch_s(rank, world, m, base + m, timeout)
+            if rep:  # the first pair warms the transport up
+                one.append(t1)
+                many.append(tm)
+        extra = statistics.median(many) - statistics.median(one)
+        per.append(max(extra, 0.0) / ((m - 1) * 2 * (world - 1)))
+    return statistics.median(per)
+
+
 def _pairs_rounds(world: int) -> list[list[tuple[int, int]]]:
     """Round-robin schedule: every pair once, each rank in at most one pair per round."""
     ranks = list(range(world)) + ([None] if world % 2 else [])
@@ -174,9 +218,12 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
                     lat.append(small)
                     bw.append(effort.msg_bytes / max(big - small, 1e-9))
         p2p_barrier(rank, world)
+        message = _message_s(rank, world, effort, timeout)
+        p2p_barrier(rank, world)
         dist.destroy_process_group()
         results.put((rank, "done", {"flops": flops, "mem": mem, "launch": launch,
-                                    "lat": lat, "bw": bw, "threads": threads}))
+                                    "lat": lat, "bw": bw, "threads": threads,
+                                    "message": message}))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails cleanly
         results.put((rank, "error", f"{type(e).__name__}: {e}"))
 
@@ -220,7 +267,8 @@ def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measur
     return Measured(world, got[0]["threads"],
                     {k: med(g["flops"][k] for g in got.values()) for k in DTYPES},
                     med(g["mem"] for g in got.values()), float(pages // world),
-                    med(g["launch"] for g in got.values()), med(bw), med(lat))
+                    med(g["launch"] for g in got.values()), med(bw), med(lat),
+                    med(g["message"] for g in got.values()))
 
 
 def _si(x: float, unit: str) -> str:
@@ -248,6 +296,7 @@ def topology_yaml(m: Measured, name: str) -> str:
             f"    mem_bw: {_si(m.mem_bw, 'B/s')}\n"
             f"    mem_bytes: {_si(m.mem_bytes, 'B')}\n"
             f"    launch: {_time(m.launch_s)}\n"
+            f"    message: {_time(m.message_s)}\n"
             f"nodes: {{count: 1, devices_per_node: {m.world_size}, device_type: cpu, "
             f"name: \"rank{{id}}\"}}\n"
             f"links:\n"
@@ -297,5 +346,6 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.out}: matmul fp32 {_si(m.peak_flops['float32'], 'FLOP/s')}, "
               f"memory {_si(m.mem_bw, 'B/s')}, launch {_time(m.launch_s)}, p2p "
-              f"{_si(m.p2p_bw, 'B/s')} / {_time(m.p2p_latency_s)} per rank")
+              f"{_si(m.p2p_bw, 'B/s')} / {_time(m.p2p_latency_s)} per rank, "
+              f"{_time(m.message_s)} per message")
     return 0

@@ -33,7 +33,7 @@ import torch
 
 from ..errors import PlanError, RuntimeFault
 from .local import RankState
-from .program import Alloc, Free, Lowered, Place, Recv, Send, reads
+from .program import Alloc, Free, Lowered, Place, Recv, Send, Unpack, reads
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
@@ -84,6 +84,8 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
     st = RankState(low, prog, {}, device, consts)
     st.place = lambda tensor, region: blocks[(tensor, tuple(region))].to(device)  # type: ignore
     wait_for: dict[int, list] = {}     # buf -> works that fill it
+    # buf -> parts of packed receives it waits for: (packed buf, part view, copy target or None)
+    unpacked: dict[int, list] = {}
     sends: list[tuple[Any, torch.Tensor]] = []
     batch: list[tuple[Any, Any]] = []  # (P2POp, instr)
     tmo = datetime.timedelta(seconds=timeout_s)
@@ -100,6 +102,10 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
                                    fix="a peer rank died or stalled; see its error")
 
     def ready(b: int) -> None:
+        for flat, view, dest in unpacked.pop(b, ()):
+            ready(flat)
+            if dest is not None:
+                dest.copy_(view)
         works = wait_for.pop(b, None)
         if works:
             wait(works, f"receive into buffer %{b}")
@@ -122,7 +128,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         if fault_after is not None and count == fault_after:
             os._exit(17)  # test hook: die mid-run without cleanup, like a crashed rank
         if isinstance(ins, Send):
-            if ins.src in wait_for:
+            if ins.src in wait_for or ins.src in unpacked:
                 flush()
                 ready(ins.src)
             t = st.get(ins.src).contiguous()
@@ -130,6 +136,12 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         elif isinstance(ins, Recv):
             t = st.recv_buffer(ins)
             batch.append((dist.P2POp(dist.irecv, t, ins.peer, tag=ins.tag), ins))
+        elif isinstance(ins, Unpack):  # views now; waits and copies when a reader needs them
+            for out, into, view, dest in st.unpacked(ins):
+                if into is None:
+                    st.bufs[out] = view
+                unpacked.setdefault(out if into is None else into, []).append(
+                    (ins.src, view, dest))
         else:
             if not isinstance(ins, Alloc | Free | Place):  # host bookkeeping keeps the batch open
                 flush()
@@ -137,7 +149,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
                 ready(b)
             st.step(ins)
     flush()
-    for b in list(wait_for):
+    for b in list(unpacked) + list(wait_for):
         ready(b)
     for works, _ in sends:
         wait(works, "send")

@@ -10,8 +10,8 @@ import torch
 
 from ..errors import RuntimeFault
 from ..reference import TORCH_DTYPES, check_inputs, evaluate_op, materialize
-from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Place, Program,
-                      Recv, Reduce, Send, Slice)
+from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Pack, Place,
+                      Program, Recv, Reduce, Send, Slice, Unpack)
 from ..scalar import combine
 
 
@@ -64,6 +64,14 @@ class RankState:
             for src, a, b in ins.parts:
                 out[_sl(b)] = self.get(src)[_sl(a)]
             self.bufs[ins.out] = out
+        elif isinstance(ins, Pack):
+            self.bufs[ins.out] = torch.cat([self.get(b).reshape(-1) for b in ins.srcs])
+        elif isinstance(ins, Unpack):
+            for out, _, view, dest in self.unpacked(ins):
+                if dest is None:
+                    self.bufs[out] = view
+                else:  # read through the buffer it lands in, as after a Recv into it
+                    dest.copy_(view)
         elif isinstance(ins, Reduce):
             acc = self.get(ins.inputs[0])
             for i in ins.inputs[1:]:
@@ -84,6 +92,19 @@ class RankState:
             t = self.get(ins.into)[_sl(ins.at)]
         self.bufs[ins.out] = t
         return t
+
+    def unpacked(self, ins: Unpack):
+        """(out, into, view of the packed buffer, destination view or None) per part: the
+        part is the view itself, or is copied into its region of the Alloc'd buffer `into`."""
+        flat = self.get(ins.src)
+        offset = 0
+        for out, shape, into, at in ins.parts:
+            n = 1
+            for d in shape:
+                n *= d
+            view = flat[offset:offset + n].view(shape)
+            offset += n
+            yield out, into, view, (None if into is None else self.get(into)[_sl(at)])
 
     def place(self, tensor: str, region) -> torch.Tensor:
         dtype = TORCH_DTYPES[self.graph.tensor(tensor).dtype]

@@ -93,6 +93,26 @@ class Recv:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """Buffers `srcs`, flattened and laid end to end in one 1-D buffer `out` (one copy), so
+    that several blocks for one peer travel as one message."""
+    out: int
+    srcs: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Unpack:
+    """The parts of packed buffer `src`, in order: (out, shape, into, at). A part with `into`
+    None becomes buffer `out`, a view of `src`; with `into` set it is copied into region `at`
+    of that Alloc'd buffer (as a Recv with `into` would land it) and read through it.
+    Executors may defer the views and copies until a reader needs them, as for a Recv."""
+    src: int
+    parts: tuple[tuple[int, tuple[int, ...], int | None, Region | None], ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
 class Reduce:
     """Fold input buffers with the aggregation `agg` (sum, max, ...); one input is a rename."""
     out: int
@@ -112,15 +132,21 @@ class Output:
     src: int
 
 
-Instr = Place | Const | Compute | Slice | Alloc | Assemble | Send | Recv | Reduce | Free | Output
+Instr = (Place | Const | Compute | Slice | Alloc | Assemble | Send | Recv | Pack | Unpack | Reduce
+         | Free | Output)
 KINDS: dict[str, type] = {c.__name__.lower(): c for c in (Place, Const, Compute, Slice, Alloc,
-                                                          Assemble, Send, Recv, Reduce, Free, Output)}
+                                                          Assemble, Send, Recv, Pack, Unpack,
+                                                          Reduce, Free, Output)}
 
 
 def reads(ins: Instr) -> tuple[int, ...]:
     """Buffers an instruction reads."""
     if isinstance(ins, Compute | Reduce):
         return ins.inputs
+    if isinstance(ins, Pack):
+        return ins.srcs
+    if isinstance(ins, Unpack):
+        return (ins.src,)
     if isinstance(ins, Slice):
         return (ins.src,)
     if isinstance(ins, Assemble):
@@ -168,6 +194,13 @@ def format_instr(ins: Instr) -> str:
     if isinstance(ins, Recv):
         into = "" if ins.into is None else f" into %{ins.into}{_fmt_region(ins.at)}"
         return f"%{ins.out} = recv {list(ins.shape)} <- rank {ins.peer} #{ins.tag}{into}"
+    if isinstance(ins, Pack):
+        return f"%{ins.out} = pack({', '.join(f'%{i}' for i in ins.srcs)})"
+    if isinstance(ins, Unpack):
+        parts = ", ".join(f"%{o} {list(shape)}" + ("" if into is None else
+                                                    f" into %{into}{_fmt_region(at)}")
+                          for o, shape, into, at in ins.parts)
+        return f"unpack %{ins.src} -> {{{parts}}}"
     if isinstance(ins, Reduce):
         return f"%{ins.out} = reduce.{ins.agg}({', '.join(f'%{i}' for i in ins.inputs)})"
     if isinstance(ins, Free):

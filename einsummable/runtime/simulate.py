@@ -16,6 +16,9 @@ topology (for cpu4: measured by `einsummable calibrate`):
                 receives that land in place copy nothing)
     const     = launch + bytes / mem_bw
     send      = launch + 2 · bytes / mem_bw to pack a strided slice before it leaves
+    message   = per Send and per Recv, the device's `message_s` (host work of the transport)
+    pack      = launch + 2 · bytes / mem_bw (several blocks for one peer as one message)
+    unpack    = launch + 2 · bytes / mem_bw of the parts it copies into place (views: free)
 
 Prefetch sends (weights, `Send.queue` > 0) leave in queue order, one queue number after
 another per rank (one stream), so the weights needed first arrive first; other sends start at
@@ -34,8 +37,8 @@ from typing import Any
 
 from ..ir import DTYPE_BYTES
 from ..spec import region_shape
-from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Place, Recv, Reduce, Send,
-                      Slice, contiguous_slice, reads)
+from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Pack, Place, Recv,
+                      Reduce, Send, Slice, Unpack, contiguous_slice, reads)
 
 
 # A flow with less than this left is finished (float drift on integer byte counts).
@@ -204,7 +207,7 @@ def p2p_batches(instrs) -> set[int]:
     opens: set[int] = set()
     open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
     for i, ins in enumerate(instrs):
-        if isinstance(ins, Slice | Free | Place | Alloc):
+        if isinstance(ins, Slice | Free | Place | Alloc | Unpack):
             continue
         if not isinstance(ins, Send | Recv):
             open_recvs = None
@@ -267,7 +270,14 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
             return launch + 2 * copied / dev.mem_bw
         if isinstance(ins, Const):
             return launch + nbytes(r, ins.out) / dev.mem_bw
+        if isinstance(ins, Pack):
+            return launch + 2 * nbytes(r, ins.out) / dev.mem_bw
+        if isinstance(ins, Unpack):  # views are free; parts landing in a buffer are copied
+            copied = sum(_numel(shape) for _, shape, into, _ in ins.parts if into is not None)
+            return launch + 2 * copied * DTYPE_BYTES[ins.dtype] / dev.mem_bw if copied else 0.0
         dt = launch if pc[r] in batch_opens[r] else 0.0  # the batch's one p2p kernel
+        if isinstance(ins, Send | Recv):
+            dt += dev.message_s  # the transport's per-message host work
         if isinstance(ins, Send) and ins.src in strided[r]:
             dt += launch + 2 * nbytes(r, ins.src) / dev.mem_bw  # pack kernel: read, write
         return dt
@@ -292,12 +302,19 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
             shapes[r][ins.out] = (DTYPE_BYTES[ins.dtype], ins.shape)
         elif isinstance(ins, Reduce):
             shapes[r][ins.out] = shapes[r][ins.inputs[0]]
+        elif isinstance(ins, Pack):
+            shapes[r][ins.out] = (DTYPE_BYTES[ins.dtype],
+                                  (sum(_numel(shapes[r][b][1]) for b in ins.srcs),))
+        elif isinstance(ins, Unpack):
+            for out, shape, _, _ in ins.parts:
+                shapes[r][out] = (DTYPE_BYTES[ins.dtype], shape)
 
     def step(r: int) -> bool:
         """Run rank r's next instruction if its inputs are ready; False if it must wait."""
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
-        for b in reads(ins):
+        # An Unpack only names views of a packed receive: its readers wait, it does not.
+        for b in (() if isinstance(ins, Unpack) else reads(ins)):
             for tag in recv_tag[r].get(b, ()):
                 if tag not in net.arrived:
                     blocked[r] = tag
@@ -313,6 +330,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
         t[r] = start + dt
         if isinstance(ins, Recv):
             recv_tag[r].setdefault(ins.out if ins.into is None else ins.into, []).append(ins.tag)
+        elif isinstance(ins, Unpack):
+            tags = recv_tag[r].get(ins.src, [])
+            for out, _, into, _ in ins.parts:
+                recv_tag[r].setdefault(out if into is None else into, []).extend(tags)
         elif isinstance(ins, Send):
             size = nbytes(r, ins.src)
             link = topo.link(r, ins.peer)
