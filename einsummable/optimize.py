@@ -571,6 +571,7 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     t0 = time.perf_counter()
     warm = warm_start
     rounds = 0
+    upper = math.inf  # the least exact objective of a plan seen (the warm start's, each solution's)
     while True:
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
         if left is not None and left <= 0:
@@ -582,7 +583,10 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         rounds += 1
         model.pricer.prefetch_short(todo)
         if rounds >= LAZY_ROUNDS:
-            model.pricer.prefetch_short(hopeful_cells(model, model.objective(sol.assignment)))
+            if warm_start:
+                upper = min(upper, model.objective(warm_start))
+            upper = min(upper, model.objective(sol.assignment))
+            model.pricer.prefetch_short(hopeful_cells(model, upper))
         warm = sol.assignment
         if sol.status != "optimal" or (time_limit_s is not None
                                        and time.perf_counter() - t0 >= time_limit_s):
