@@ -507,7 +507,8 @@ def exchange_time(ex: Exchange, topology) -> float:
     """Seconds under the round model of the module docstring: per round, every resource (link
     medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
     latency plus its busiest resource's time; the round lasts as long as its slowest route plus
-    its longest per-device fold; then the readers' stitching copies (`Exchange.copies`)."""
+    its longest per-device fold and its busiest device's per-message host work
+    (`message_time`); then the readers' stitching copies (`Exchange.copies`)."""
     if not ex:
         return 0.0
     by_round: dict[int, dict[tuple[int, ...], None]] = {}
@@ -540,8 +541,20 @@ def exchange_time(ex: Exchange, topology) -> float:
             latency, terms = _route_terms(topology, hops)
             wire = max(wire, latency + max(ld[res] / bb[res] for res, _ in terms))
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
-        total += wire + fold
+        total += wire + fold + message_time(by_round.get(rnd, ()), topology)
     return total + stitch_time(ex, topology)
+
+
+def message_time(routes, topology) -> float:
+    """Host seconds of the round's messages on its busiest device: each hop a device sends
+    or receives on is one message (lowering packs a round's blocks for one peer into one,
+    `coalesce.py`), each costing the device's `message_s`; zero where the transport has no
+    per-message price."""
+    count: dict[int, int] = {}
+    for a, b in {pair for hops in routes for pair in zip(hops, hops[1:])}:
+        count[a] = count.get(a, 0) + 1
+        count[b] = count.get(b, 0) + 1
+    return max((n * topology.devices[d].message_s for d, n in count.items()), default=0.0)
 
 
 def stitch_time(ex: Exchange, topology) -> float:
