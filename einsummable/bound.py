@@ -24,35 +24,15 @@ Folds, stitching copies and extra rounds only add to it. The bound is the larges
 """
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from typing import Sequence
 
 from .ir import DTYPE_BYTES
 from .placement import Piece
-from .spec import Region, intersect
+from .exchange import subtract, volume
+from .spec import Region
 
 Needs = Sequence[tuple[Region, int]]
-
-
-def _volume(reg: Region) -> int:
-    return math.prod(hi - lo for lo, hi in reg)
-
-
-def _minus(a: Region, b: Region) -> list[Region]:
-    """a \\ b as disjoint boxes."""
-    cut = intersect(a, b)
-    if cut is None:
-        return [a]
-    out: list[Region] = []
-    rest = list(a)
-    for k, ((lo, hi), (clo, chi)) in enumerate(zip(a, cut)):
-        if lo < clo:
-            out.append(tuple(rest[:k]) + ((lo, clo),) + tuple(rest[k + 1:]))
-        if chi < hi:
-            out.append(tuple(rest[:k]) + ((chi, hi),) + tuple(rest[k + 1:]))
-        rest[k] = (clo, chi)
-    return out
 
 
 @lru_cache(maxsize=1 << 16)
@@ -65,12 +45,12 @@ def uncovered_volume(needed: tuple[Region, ...], held: tuple[Region, ...]) -> in
         for h in list(held) + parts:
             nxt = []
             for u in todo:
-                nxt.extend(_minus(u, h))
+                nxt.extend(subtract(u, h))
             todo = nxt
             if not todo:
                 break
         parts.extend(todo)
-    return sum(_volume(p) for p in parts)
+    return sum(volume(p) for p in parts)
 
 
 def _cut_sets(topology) -> tuple[tuple[frozenset[int], float], ...]:
@@ -180,7 +160,7 @@ def _own_copy_volume(needed: tuple[Region, ...], held: tuple[Region, ...]) -> tu
     for q in needed:
         if any(all(a <= c and d <= b for (a, b), (c, d) in zip(h, q)) for h in held):
             continue
-        own = _volume(q) - uncovered_volume((q,), held)
+        own = volume(q) - uncovered_volume((q,), held)
         if own:
             vol += own
             count += 1
