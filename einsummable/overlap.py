@@ -90,25 +90,15 @@ def overlap_problem(model, warm_start: Mapping[str, int] | None):
                       warm_start=dict(warm_start) if warm_start else None)
 
 
-@dataclass(frozen=True)
-class Result:
-    assignment: dict[str, int]
-    objective: float
-    bound: float
-    gap: float
-    wall_s: float
-    status: str
-
-
 def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (),
-          time_limit_s: float | None = None) -> Result:
+          time_limit_s: float | None = None):
     """Minimise T over the model's choices: one MIP (`overlap_problem`), its max as an
     epigraph variable. `solve_problem(make, warm_start, time_limit_s)` solves the problem
     `make(warm_start)` builds (optimize.solve_lazily with the caller's solver settings).
     `incumbents` (e.g. the named strategies) are scored with T; the best warm-starts the
     solve, and the result is never worse than any of them."""
     from .errors import SolverError
-    from formulations.problem import gap_of as relative_gap
+    from formulations.problem import Solution, gap_of as relative_gap
     t0 = time.perf_counter()
     best: tuple[float, dict[str, int]] | None = None
     for inc in incumbents:
@@ -123,5 +113,5 @@ def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (
     if best is None:
         raise SolverError("no plan found within the time limit", fix="raise time_limit_s")
     bound = min(sol.bound, best[0])
-    return Result(best[1], best[0], bound, relative_gap(best[0], bound),
-                  time.perf_counter() - t0, sol.status)
+    return Solution(best[1], best[0], bound, relative_gap(best[0], bound),
+                  time.perf_counter() - t0, sol.status, sol.solver)
