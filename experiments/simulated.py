@@ -33,7 +33,6 @@ perfect split with free communication would cost in this model.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from einsummable.ir import Graph

@@ -30,7 +30,6 @@ leaves. Predicted time = the last rank's end.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any
