@@ -10,7 +10,7 @@ import importlib.util
 from .baselines import BASELINES, RankStep
 
 MEASURED_SYSTEMS = ("einsummable", "pytorch", "pytorch-tp", "pytorch-tp-sp", "data-parallel",
-                    "vllm", "floor")
+                    "vllm", "floor", "floor-fused")
 
 
 class Unavailable(Exception):

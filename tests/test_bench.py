@@ -34,10 +34,13 @@ def test_tiny_config_end_to_end(tmp_path: Path) -> None:
     doc = json.loads(proc.stdout)  # stdout is exactly one JSON object
     assert "tiny_test [" in proc.stderr  # the progress bar went to stderr
     by_system = {r["system"]: r for r in doc["rows"]}
-    for s in ("pytorch", "pytorch-tp", "pytorch-tp-sp", "data-parallel", "floor"):
+    for s in ("pytorch", "pytorch-tp", "pytorch-tp-sp", "data-parallel", "floor", "floor-fused"):
         assert by_system[s]["time_s"] > 0 and by_system[s]["unavailable"] is None, by_system[s]
         assert by_system[s]["max_abs_err"] <= 1e-3
     assert by_system["vllm"]["time_s"] is None and by_system["vllm"]["unavailable"]
+    # The run's floor is the faster of the module's kernels and einsummable's own.
+    assert by_system["pytorch-tp"]["floor_s"] == min(by_system["floor"]["time_s"],
+                                                     by_system["floor-fused"]["time_s"])
     e = by_system["einsummable"]
     assert (e["time_s"] is not None) != (e["unavailable"] is not None)  # a number or a reason
     assert (out / "tiny_test.json").exists()

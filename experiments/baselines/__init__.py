@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import data_parallel, floor, pytorch_tp, pytorch_tp_sp, single
+from . import data_parallel, floor, floor_fused, pytorch_tp, pytorch_tp_sp, single
 from .common import RankStep
 
 BASELINES: dict[str, ModuleType] = {
@@ -12,6 +12,7 @@ BASELINES: dict[str, ModuleType] = {
     "pytorch-tp-sp": pytorch_tp_sp,
     "data-parallel": data_parallel,
     "floor": floor,
+    "floor-fused": floor_fused,
 }
 
 __all__ = ["BASELINES", "RankStep"]
