@@ -66,7 +66,7 @@ def sweep(doc: dict, out: Path) -> Path:
         for s in dict.fromkeys(r["system"] for r in here):
             pts = sorted((r["tokens"], r["time_s"] * 1e3) for r in here if r["system"] == s)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    linestyle="--" if s == "floor" else "-", label=s)
+                    linestyle="--" if s.startswith("floor") else "-", label=s)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens (batch x sequence)")
