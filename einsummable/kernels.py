@@ -158,8 +158,8 @@ class _SdpaPlan:
     """How one attention op's operands map onto torch's (N, H, L, E) sdpa layout."""
     shared: str     # batch modes k and v have too (the kv heads)
     group: str      # batch modes only q has (query heads per kv head)
-    names: tuple[str, ...]
-    out: str
+    names: tuple[str, ...]  # per operand, its flat modes less the size-1 batch modes
+    out: str                # output modes, likewise
 
 
 # Plans depend on the op only; ops hash by value, so a plan is shared by equal ops.
@@ -171,20 +171,24 @@ def _sdpa_plan(op: "Op") -> "_SdpaPlan | None":
     from .ir import flat_modes
     p = op.param
     qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
-    names = tuple("".join(flat_modes(d)) for d in op.in_dims)
+    # Size-1 batch modes are dropped: a batch of one is captured with a separate size-1 mode
+    # per operand (and a broadcast one in the output), which would otherwise miss this path.
+    one = {m for m in op.modes if op.size[m] == 1} - set(qm + km + em + fm)
+    names = tuple("".join(m for m in flat_modes(d) if m not in one) for d in op.in_dims)
     nq, nk, nv = names[:3]
-    batch = [m for m in op.out_modes if m not in qm and m not in fm]
+    out_modes = "".join(m for m in op.out_modes if m not in one)
+    batch = [m for m in out_modes if m not in qm and m not in fm]
     if any(m not in nq for m in batch) or not qm or not km or not fm:
         return None
     shared = "".join(m for m in batch if m in nk)
     group = "".join(m for m in batch if m not in nk)
     if any(m in nv for m in group) or set(nk) - set(shared + km + em) \
             or set(nv) - set(shared + km + fm) or set(nq) - set(shared + group + qm + em) \
-            or set(op.out_modes) != set(shared + group + qm + fm):
+            or set(out_modes) != set(shared + group + qm + fm):
         return None
     if len(names) > 3 and set(names[3]) - set(shared + group + qm + km):
         return None
-    return _SdpaPlan(shared, group, names, "".join(op.out_modes))
+    return _SdpaPlan(shared, group, names, out_modes)
 
 
 def _to(t: torch.Tensor, have: str, want: str, ext: dict[str, int]) -> torch.Tensor:
@@ -201,7 +205,8 @@ def _attention_sdpa(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges,
     qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     n = lambda ms: math.prod(ext[m] for m in ms)  # noqa: E731
-    fine = _fine_blocks(op, xs, ranges)
+    # Operands viewed with one axis per mode the plan uses (size-1 batch modes dropped).
+    fine = [x.reshape([ext[m] for m in nm]) for x, nm in zip(xs, plan.names)]
     sh, gr = plan.shared, plan.group
     q = _to(fine[0], plan.names[0], sh + gr + qm + em, ext).reshape(1, n(sh + gr), n(qm), n(em))
     k = _to(fine[1], plan.names[1], sh + km + em, ext)

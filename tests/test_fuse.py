@@ -131,3 +131,18 @@ def test_fusion_flops_are_the_two_matmuls_and_softmax():
     op = g.ops[0]
     scores = 2 * 4 * 12 * 12
     assert op.flops == 2 * scores * (8 + 6) + 7 * scores  # causal counted in full
+
+
+def test_batch_of_one_takes_the_sdpa_path():
+    # Capture gives a batch of one a separate size-1 mode per operand; the fused attention
+    # must still run torch's attention, not the spelled-out einsum fallback.
+    import sys
+    from einsummable.reference import evaluate
+    kernels = sys.modules["einsummable.kernels"]
+    module, (x,) = preset("llama-tiny", batch=1, seq=16)
+    g = trace(module, (x,))
+    att = [op for op in g.ops if op.fused == "attention"]
+    assert att and all(kernels._sdpa_plan(op) is not None for op in att)
+    with torch.no_grad():
+        got = evaluate(g, bind(g, module, (x,)))[g.outputs[0]]
+        torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
