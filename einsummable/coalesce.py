@@ -31,10 +31,8 @@ from typing import Any
 
 from .ir import DTYPE_BYTES
 from .runtime.program import (Alloc, Free, Pack, Place, Program, Recv, Send, Slice, Unpack,
-                              reads, writes)
+                              p2p_batches, reads, writes)
 
-# Instructions that keep a p2p batch open (host bookkeeping, no kernel).
-_BOOKKEEPING = (Slice, Free, Place, Alloc)
 # Fewer blocks than this in a group are not worth a pack copy.
 MIN_GROUP = 2
 # Times each packed byte is moved through memory: read and written by the pack, and again
@@ -43,19 +41,16 @@ PACK_PASSES = 4
 
 
 def _batch_ids(instrs) -> list[int | None]:
-    """Per instruction, the id of the p2p batch it is in (None for kernels)."""
+    """Per instruction, the number of the p2p batch it is in (None for kernels)."""
+    opens = p2p_batches(instrs)
     ids: list[int | None] = []
-    batch = 0
-    open_ = False
-    for ins in instrs:
-        if isinstance(ins, Send | Recv | Unpack) or isinstance(ins, _BOOKKEEPING):
-            if not open_ and isinstance(ins, Send | Recv):
-                batch += 1
-                open_ = True
-            ids.append(batch if open_ else None)
-        else:
-            open_ = False
-            ids.append(None)
+    batch: int | None = None
+    for i, ins in enumerate(instrs):
+        if i in opens:
+            batch = i
+        elif not isinstance(ins, Send | Recv | Unpack | Slice | Free | Place | Alloc):
+            batch = None
+        ids.append(batch)
     return ids
 
 
@@ -95,7 +90,7 @@ def coalesce(programs: tuple[Program, ...], topology: Any) -> tuple[Program, ...
                                                                      recv_at)]
     edits: list[dict[int, list]] = [{} for _ in instrs]  # index -> replacement instructions
     # One pack serves every peer that gets the same blocks in the same batch (a broadcast).
-    packs: dict[tuple, int] = {}          # (sender, batch, srcs) -> packed buffer
+    packs: dict[tuple, tuple[int, int]] = {}  # (sender, batch, srcs) -> (packed buffer, index)
     last_use: dict[tuple[int, int], int] = {}  # (sender, packed buffer) -> index of last send
     for g in groups:
         recvs = [recv_at[instrs[g.sender][i].tag][1] for i in g.sends]
@@ -116,13 +111,15 @@ def coalesce(programs: tuple[Program, ...], topology: Any) -> tuple[Program, ...
         srcs = tuple(instrs[g.sender][si].src for si, _ in pairs)
         key = (g.sender, batches[g.sender][pairs[0][0]], srcs)
         at = pairs[0][0]
-        if key in packs:
-            edits[g.sender][at] = [Send(packs[key], g.receiver, tag, first.queue)]
+        if key in packs and packs[key][1] < at:  # packed already, earlier in the program
+            buf = packs[key][0]
+            edits[g.sender][at] = [Send(buf, g.receiver, tag, first.queue)]
         else:
-            packs[key] = flat
+            buf = flat
+            packs.setdefault(key, (flat, at))
             edits[g.sender][at] = [Pack(flat, srcs, dtype),
                                    Send(flat, g.receiver, tag, first.queue)]
-        last_use[(g.sender, packs[key])] = max(last_use.get((g.sender, packs[key]), -1), at)
+        last_use[(g.sender, buf)] = max(last_use.get((g.sender, buf), -1), at)
         for si, _ in pairs[1:]:
             edits[g.sender][si] = []
         last = max(ri for _, ri in pairs)

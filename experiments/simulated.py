@@ -116,11 +116,14 @@ def collectives_for(system: str, graph: Graph, choice, weights: str) -> tuple[Co
 def attention_ops(graph: Graph) -> list:
     """The attention kernels: ops with two sequence modes (queries and keys) once spelled-out
     chains (scores, mask, softmax, weighted sum) are fused, as capture does."""
-    from einsummable.candidates import roles
     from einsummable.fuse import fuse
-    graph = fuse(graph)
-    mode_roles = roles(graph).modes
-    return [op for op in graph.ops
+    return _attention_ops(fuse(graph))
+
+
+def _attention_ops(fused: Graph) -> list:
+    from einsummable.candidates import roles
+    mode_roles = roles(fused).modes
+    return [op for op in fused.ops
             if sum(1 for m in op.modes if mode_roles.get(op.name, {}).get(m) == "seq") >= 2]
 
 
@@ -133,7 +136,7 @@ def attention_boundary(graph: Graph) -> tuple[list[str], list[str], list[str]]:
     from einsummable.fuse import fuse
     graph = fuse(graph)
     mode_roles = roles(graph).modes
-    att = attention_ops(graph)
+    att = _attention_ops(graph)
     inside = {op.output for op in att}
     ins: list[str] = []
     keys: list[str] = []

@@ -111,7 +111,7 @@ def test_sends_share_the_senders_egress_port():
 
 def test_one_launch_per_p2p_batch():
     from einsummable.runtime.program import Free, Recv, Reduce, Send
-    from einsummable.runtime.simulate import p2p_batches
+    from einsummable.runtime.program import p2p_batches
     prog = [Recv(1, 1, 0, (1,), "float32"), Send(0, 1, 1), Send(0, 2, 2), Free(0),
             Recv(2, 1, 3, (1,), "float32"), Send(2, 3, 4),  # relay of %2 opens a new batch
             Reduce(3, "sum", (2,)), Send(3, 1, 5)]            # a kernel ends the batch

@@ -4,6 +4,7 @@ Ranks take turns: each runs until it reaches a receive whose message has not bee
 Messages are clones, so no rank ever aliases another rank's memory."""
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import torch
@@ -99,9 +100,7 @@ class RankState:
         flat = self.get(ins.src)
         offset = 0
         for out, shape, into, at in ins.parts:
-            n = 1
-            for d in shape:
-                n *= d
+            n = math.prod(shape)
             view = flat[offset:offset + n].view(shape)
             offset += n
             yield out, into, view, (None if into is None else self.get(into)[_sl(at)])

@@ -156,6 +156,27 @@ def reads(ins: Instr) -> tuple[int, ...]:
     return ()
 
 
+def p2p_batches(instrs) -> set[int]:
+    """Indices of the instructions that open a point-to-point batch: each run of Send/Recv
+    goes out as one batch_isend_irecv (one NCCL group: one kernel launch). Host bookkeeping
+    between them (Slice views, Free, Place) does not end the run; a kernel does, and so does
+    forwarding a buffer the run itself receives (a relay must wait for it)."""
+    opens: set[int] = set()
+    open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
+    for i, ins in enumerate(instrs):
+        if isinstance(ins, Slice | Free | Place | Alloc | Unpack):
+            continue
+        if not isinstance(ins, Send | Recv):
+            open_recvs = None
+            continue
+        if open_recvs is None or (isinstance(ins, Send) and ins.src in open_recvs):
+            opens.add(i)
+            open_recvs = set()
+        if isinstance(ins, Recv):
+            open_recvs.add(ins.out)
+    return opens
+
+
 def contiguous_slice(shape, region) -> bool:
     """A slice of a contiguous tensor is contiguous iff every dimension before the last one it
     cuts has extent one."""

@@ -37,7 +37,7 @@ from typing import Any
 from ..ir import DTYPE_BYTES
 from ..spec import region_shape
 from .program import (Alloc, Assemble, Compute, Const, Free, Lowered, Output, Pack, Place, Recv,
-                      Reduce, Send, Slice, Unpack, contiguous_slice, reads)
+                      Reduce, Send, Slice, Unpack, contiguous_slice, p2p_batches, reads)
 
 
 # A flow with less than this left is finished (float drift on integer byte counts).
@@ -196,27 +196,6 @@ def _numel(shape) -> int:
 # Instructions that run a kernel on the device. Place (the block is already resident), Slice
 # (a view), Recv (posting a receive), Free and Output are bookkeeping: no launch.
 KERNELS = (Compute, Reduce, Assemble, Const)
-
-
-def p2p_batches(instrs) -> set[int]:
-    """Indices of the instructions that open a point-to-point batch: each run of Send/Recv
-    goes out as one batch_isend_irecv (one NCCL group: one kernel launch). Host bookkeeping
-    between them (Slice views, Free, Place) does not end the run; a kernel does, and so does
-    forwarding a buffer the run itself receives (a relay must wait for it)."""
-    opens: set[int] = set()
-    open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
-    for i, ins in enumerate(instrs):
-        if isinstance(ins, Slice | Free | Place | Alloc | Unpack):
-            continue
-        if not isinstance(ins, Send | Recv):
-            open_recvs = None
-            continue
-        if open_recvs is None or (isinstance(ins, Send) and ins.src in open_recvs):
-            opens.add(i)
-            open_recvs = set()
-        if isinstance(ins, Recv):
-            open_recvs.add(ins.out)
-    return opens
 
 
 def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> SimResult:
