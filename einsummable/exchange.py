@@ -16,6 +16,17 @@ optimized mode a delivered region becomes a source itself (ready after its round
 read by several devices behind a slow link crosses it once and is relayed on the fast side; the
 tie-break "earlier ready first" stops relays from forming long chains where links are equal.
 
+*Rails* (optimized mode, machines whose groups of the top level are joined by one link per
+device, each its own NIC: `_Routes.rails`). A block that crosses the top level straight would
+leave by its sender's NIC and enter by its reader's, one NIC each at a fraction of the group's
+bandwidth. Instead a large block is cut into one chunk per rail, chunk m relayed
+sender -> A_m -> B_m -> reader (A_m, B_m the m-th devices of the two groups) in one round,
+and a smaller one takes the sender's own rail hop by hop (sender -> B -> reader, a transfer
+per hop, so that the sends of one rail share rounds); the stops in the reader's group keep
+what passed them as sources, so the group's other readers gather from the rails' ends. That
+program is built beside the plain one and the faster under `exchange_time` is kept: spreading
+wins when few devices send across, and costs rounds when every device already does.
+
 *Partial* (S > 1). For every output block B and every distinct needed box X = Q ∩ B with k
 readers, X is cut along its longest dim into k chunks and chunk i is reduced at reader i
 (reduce-scatter; with one reader, that reader). For each chunk X and its reducer r, one
@@ -185,6 +196,34 @@ class _Routes:
             self._routes[(a, b)] = r
         return r
 
+    def rails(self, a: int, b: int) -> tuple[tuple[int, ...], ...]:
+        """Routes that spread a's block to b (in different groups of the top level) over
+        every parallel link between the two groups: rail m goes a -> A_m -> B_m -> b, A_m
+        and B_m the m-th devices of a's and b's groups, over the link A_m -> B_m. Only
+        where those links are direct, each on its own resource (one NIC per GPU), and the
+        hops to and from them are direct; else () and the plain route stands."""
+        key = ("rails", a, b)
+        hit = self._routes.get(key)
+        if hit is not None:
+            return hit
+        out: tuple[tuple[int, ...], ...] = ()
+        topo = self.topo
+        if not self.naive_direct and topo.levels and a != b \
+                and topo.group_of(0, a) != topo.group_of(0, b):
+            ga = topo.levels[0].groups[topo.group_of(0, a)]
+            gb = topo.levels[0].groups[topo.group_of(0, b)]
+            pairs = list(zip(sorted(ga), sorted(gb)))
+            media = {topo.link(x, y).resource for x, y in pairs if topo.has_direct(x, y)}
+            usable = (len(ga) == len(gb) and len(media) == len(pairs) > 1
+                      and all((x == a or topo.has_direct(a, x))
+                              and (y == b or topo.has_direct(y, b)) for x, y in pairs))
+            if usable:
+                # a's own rail first: its chunk needs no hop inside the source group
+                pairs.sort(key=lambda xy: (xy[0] != a, xy[1] != b, xy))
+                out = tuple(tuple(dict.fromkeys((a, x, y, b))) for x, y in pairs)
+        self._routes[key] = out  # type: ignore[assignment]
+        return out
+
     def dist_to(self, b: int, tensor: str) -> list[float]:
         """Seconds for a reference message from every device to b (0 for b itself)."""
         row = self._dist.get(b)
@@ -217,7 +256,7 @@ def _routes(topology, mode: str) -> _Routes:
 class _Builder:
     """Accumulates transfers and reduces and places each into its round as it is emitted."""
 
-    def __init__(self, info: TensorInfo, topology, mode: str) -> None:
+    def __init__(self, info: TensorInfo, topology, mode: str, spread: bool = False) -> None:
         self.info = info
         self.topo = topology
         self.mode = mode
@@ -226,8 +265,10 @@ class _Builder:
         self.transfers: list[Transfer] = []
         self.reduces: list[Reduce] = []
         self.copies: dict[int, list[int]] = {}  # device -> [bytes, kernels]
+        self.sent: dict[int, int] = {}  # device -> bytes it sent as a transfer's source
         self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
         self.routes = _routes(topology, mode)
+        self.spread = spread and not self.naive
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -237,14 +278,20 @@ class _Builder:
         return self.routes.route(a, b, self.info.name)
 
     def send(self, src: int, dst: int, reg: Region, ready: int,
-             slices: tuple[int, ...] = ()) -> int:
-        """Emit a transfer whose source is ready after round `ready`; returns its round."""
-        hops, res = self.route(src, dst)
+             slices: tuple[int, ...] = (), hops: tuple[int, ...] | None = None) -> int:
+        """Emit a transfer whose source is ready after round `ready` (along `hops`, else the
+        topology's route); returns its round."""
+        if hops is None:
+            hops, res = self.route(src, dst)
+        else:
+            res = tuple(self.routes.link(x, y, self.info.name).resource
+                        for x, y in zip(hops, hops[1:]))
         rnd = ready + 1
         while any(self._busy.get((r, rnd), hops) != hops for r in res):
             rnd += 1
         for r in res:
             self._busy[(r, rnd)] = hops
+        self.sent[src] = self.sent.get(src, 0) + volume(reg) * self.elem
         self.transfers.append(Transfer(src, dst, self.info.name, reg, volume(reg) * self.elem,
                                        "partial" if slices else "copy", rnd, hops, slices))
         return rnd
@@ -269,6 +316,43 @@ class _Builder:
             acc[0] += copied * self.elem
             acc[1] += 1
 
+    def copy_to(self, src: int, dst: int, reg: Region,
+                ready: int) -> list[tuple[Region, int, int]]:
+        """Send full block `reg` from src to dst; returns every (part, device, round) that
+        holds a part after, dst's parts last. With `spread`, a block crossing the top level
+        goes over the rails (`_Routes.rails`) so that the blocks a group receives arrive over
+        all its NICs, not over each reader's own:
+
+        - a large block is cut along its first dim into one chunk per rail (chunks of at
+          least RANK_REFERENCE_BYTES, each a contiguous range of the block), each chunk one
+          transfer relayed along its rail in one round;
+        - a smaller one goes over the sender's own rail hop by hop, one transfer per hop,
+          so that the sends of one rail share their rounds.
+
+        The stops in dst's group keep what passed them as sources (lowering holds relayed
+        blocks), so other readers there gather from the rails' ends."""
+        rails = self.routes.rails(src, dst) if self.spread else ()
+        if not rails:
+            return [(reg, dst, self.send(src, dst, reg, ready))]
+        dim = next((i for i, (lo, hi) in enumerate(reg) if hi - lo > 1), None)
+        worth = int(volume(reg) * self.elem // RANK_REFERENCE_BYTES)
+        k = 1 if dim is None else max(1, min(len(rails), reg[dim][1] - reg[dim][0], worth))
+        relayed, arrived = [], []
+        if k == 1:
+            at, rnd = src, ready
+            for nxt in rails[0][1:]:
+                rnd = self.send(at, nxt, reg, rnd)
+                at = nxt
+                (arrived if at == dst else relayed).append((reg, at, rnd))
+            return relayed + arrived
+        group = self.topo.group_of(0, dst)
+        for part, hops in zip(_cuts(reg, dim, k), rails):
+            rnd = self.send(src, dst, part, ready, hops=hops)
+            relayed.extend((part, h, rnd) for h in hops[1:-1]
+                           if self.topo.group_of(0, h) == group)
+            arrived.append((part, dst, rnd))
+        return relayed + arrived
+
     def build(self) -> Exchange:
         return Exchange(tuple(self.transfers), tuple(self.reduces),
                         tuple((d, b, k) for d, (b, k) in sorted(self.copies.items())))
@@ -285,6 +369,22 @@ def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tupl
     if n_slices > 1 and agg is None:
         raise PlanError(f"tensor {info.name!r} is produced as {n_slices} partial results but "
                         "has no aggregation to fold them", fix="give the producer's aggregation")
+    plain = _synthesize(info, produced, needs, n_slices, topology, mode, spread=False)
+    if mode != "optimized" or not _crosses_rails(plain, topology):
+        return plain
+    # Spreading a block over every rail wins when few devices send across, and loses rounds
+    # when many do (their chunks queue behind each other's); keep the faster program.
+    spread = _synthesize(info, produced, needs, n_slices, topology, mode, spread=True)
+    return spread if exchange_time(spread, topology) < exchange_time(plain, topology) else plain
+
+
+def _crosses_rails(ex: Exchange, topology) -> bool:
+    routes = _routes(topology, "optimized")
+    return any(t.kind == "copy" and routes.rails(t.src, t.dst) for t in ex.transfers)
+
+
+def _synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
+                n_slices: int, topology, mode: str, spread: bool) -> Exchange:
     if n_slices == 1:
         # Fast path: every need already inside a local piece (identical layouts included).
         local: dict[int, list[Region]] = {}
@@ -294,10 +394,10 @@ def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tupl
                   if not any(contains(r, q) for r in local.get(d, ()))]
         if not remote:
             return EMPTY
-        b = _Builder(info, topology, mode)
+        b = _Builder(info, topology, mode, spread)
         _copy(b, [(p.region, p.device, -1) for p in produced], remote)
         return b.build()
-    b = _Builder(info, topology, mode)
+    b = _Builder(info, topology, mode, spread)
     full = _reduce_partials(b, produced, needs, n_slices)
     remote = [(q, d) for q, d in needs
               if not any(dev == d and contains(r, q) for r, dev, _ in full)]
@@ -336,7 +436,11 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
             hit.sort(key=lambda i: (pool[i][1] != d, i))
         else:
             row = b.routes.dist_to(d, b.info.name)
-            hit.sort(key=lambda i: (row[pool[i][1]], pool[i][2], pool[i][1], i))
+            # ties: the lower device; when spreading, the device that has sent least so far
+            # (the chunks a rail delivered are gathered from all the rails' ends)
+            tie = b.sent if b.spread else None
+            hit.sort(key=lambda i: (row[pool[i][1]], pool[i][2],
+                                    pool[i][1] if tie is None else tie.get(pool[i][1], 0), i))
         todo = [q]
         got: list[tuple[Region, int]] = []
         parts: list[tuple[Region, bool]] = []
@@ -349,8 +453,11 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
                     nxt.append(u)
                     continue
                 if dev != d:
-                    got.append((cut, b.send(dev, d, cut, ready)))
-                parts.append((cut, dev != d))
+                    arrived = b.copy_to(dev, d, cut, ready)
+                    got.extend(arrived)
+                    parts.extend((part, True) for part, at, _ in arrived if at == d)
+                else:
+                    parts.append((cut, False))
                 if cut != u:
                     nxt.extend(subtract(u, cut))
             todo = nxt
@@ -361,9 +468,9 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
                             "held by no device", fix="the producer layout must cover the tensor")
         b.stitch(q, d, parts)
         if not naive:
-            for cut, rnd in got:
+            for cut, at, rnd in got:
                 index.setdefault(cut, []).append(len(sources))
-                sources.append((cut, d, rnd))
+                sources.append((cut, at, rnd))
 
 
 def _reduce_partials(b: _Builder, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
@@ -394,6 +501,18 @@ def _reduce_partials(b: _Builder, produced: Sequence[Piece], needs: Sequence[tup
     return full
 
 
+def _cuts(x: Region, dim: int, k: int) -> list[Region]:
+    """x cut along `dim` into k near-equal consecutive parts."""
+    lo, hi = x[dim]
+    base, extra = divmod(hi - lo, k)
+    out, start = [], lo
+    for i in range(k):
+        stop = start + base + (1 if i < extra else 0)
+        out.append(x[:dim] + ((start, stop),) + x[dim + 1:])
+        start = stop
+    return out
+
+
 def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
              itemsize: int) -> list[tuple[Region, int]]:
     """Reduce-scatter: with k readers of x, cut x along its longest dim into k chunks and fold
@@ -407,13 +526,7 @@ def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
     k = min(len(by_slices), hi - lo, max(worth, 1))
     if k <= 1:
         return [(x, by_slices[0])]
-    base, extra = divmod(hi - lo, k)
-    out, start = [], lo
-    for i, r in enumerate(sorted(by_slices[:k])):
-        stop = start + base + (1 if i < extra else 0)
-        out.append((x[:dim] + ((start, stop),) + x[dim + 1:], r))
-        start = stop
-    return out
+    return list(zip(_cuts(x, dim, k), sorted(by_slices[:k])))
 
 
 def _fold_direct(b: _Builder, x: Region, d: int, holders: dict[int, list[int]]) -> int:

@@ -116,6 +116,8 @@ def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
                 new = st.buf()
                 st.emit(c, Recv(new, a, tag, region_shape(t.region), info.dtype))
                 buf = new
+                if c != t.dst and not t.slices:  # a relay keeps the full block: the
+                    st.hold(info.name, c, t.region, (), buf)  # synthesis may send it on
             st.hold(info.name, t.dst, t.region, t.slices, buf)
         else:
             r = ex.reduces[i]

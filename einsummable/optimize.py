@@ -564,10 +564,11 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     until it uses priced cells only. Then it is optimal for the exact costs as well: its cost
     is exact and every other choice costs at least its estimate. Each round's solver bound is
     a bound on the exact problem (estimates never exceed the costs), and each round prices at
-    least one new cell, so this ends. Where the bounds are loose (cross-node exchanges that
-    the synthesis cannot spread over every NIC) rounds could go on for long, so after
-    `LAZY_ROUNDS` solves every cell that could still be in a plan no worse than the current
-    one is priced (`hopeful_cells`), and the next solve is exact."""
+    least one new cell, so this ends. Where the bounds are loose (cross-node exchanges: the
+    cut bound lets every NIC carry its share, which the synthesis reaches only in part) rounds
+    could go on for long, so after `LAZY_ROUNDS` solves every cell that could still be in a
+    plan no worse than the current one is priced (`hopeful_cells`), and the next solve is
+    exact."""
     t0 = time.perf_counter()
     warm = warm_start
     rounds = 0
