@@ -61,6 +61,13 @@ class _Group:
     sends: list[int] = field(default_factory=list)  # indices in the sender's program
 
 
+def weights_in_one_batch(topology: Any) -> bool:
+    """Whether lowering sends every weight at the start, in one batch (so that each peer's
+    blocks go as one message): where the transport charges per message. The cost model then
+    pays the rounds' fixed costs of the weight exchanges once, not once per weight."""
+    return any(d.message_s for d in topology.devices)
+
+
 def worth_packing(nbytes: int, sender, receiver) -> bool:
     """A block is packed when the message it saves costs more than copying it twice."""
     saved = min(sender.message_s, receiver.message_s)
@@ -70,7 +77,7 @@ def worth_packing(nbytes: int, sender, receiver) -> bool:
 
 def coalesce(programs: tuple[Program, ...], topology: Any) -> tuple[Program, ...]:
     devices = topology.devices
-    if not any(d.message_s for d in devices):
+    if not weights_in_one_batch(topology):
         return programs
     instrs = [list(p.instrs) for p in programs]
     batches = [_batch_ids(x) for x in instrs]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import exchange as xchg
+from .coalesce import weights_in_one_batch
 from .ir import DTYPE_BYTES, Graph, Op, TensorInfo
 from .placement import Candidate, Piece, input_needs, output_layout
 from .spec import Region, region_shape, tuples
@@ -74,11 +75,19 @@ class ComputeCost:
 
 @dataclass(frozen=True)
 class EdgeCost:
-    """`seconds` in all; `local_s` of it is the readers' stitching copies (device work)."""
+    """`seconds` in all; `local_s` of it is the readers' stitching copies (device work).
+    `batched_s`: the seconds it adds to a batch of exchanges that pays route latencies and
+    per-message host work once (`exchange_time(batched=True)`; where lowering sends every
+    weight in one batch); None where that is `seconds` itself."""
     seconds: float
     nbytes: int
     rounds: int
     local_s: float = 0.0
+    batched_s: float | None = None
+
+    @property
+    def in_batch_s(self) -> float:
+        return self.seconds if self.batched_s is None else self.batched_s
 
 
 ZERO_EDGE = EdgeCost(0.0, 0, 0)
@@ -270,7 +279,7 @@ class EdgeMatrix:
 
     def __init__(self, pricer: EdgePricer, info: TensorInfo, layouts: Sequence,
                  needs: Sequence, agg: str | None) -> None:
-        from .bound import held_per_cut, needed_per_cut, stitch_bound, wire_bound
+        from .bound import _min_latency, held_per_cut, needed_per_cut, stitch_bound, wire_bound
         self.pricer = pricer
         lays = [tuple(l) for l in layouts]
         nds = [tuple(n) for n in needs]
@@ -279,6 +288,8 @@ class EdgeMatrix:
         self._cols = [pricer.intern(n) for n in nds]
         self._head = head
         topo = pricer.fast.base
+        self._batched = weights_in_one_batch(topo)
+        self._latency = _min_latency(topo)
         held = [held_per_cut(l, topo) for l in lays]
         needed = [needed_per_cut(n, topo) for n in nds]
         elem = DTYPE_BYTES[info.dtype]
@@ -307,7 +318,11 @@ class EdgeMatrix:
         if hit is not None:
             return hit
         seconds, local = self.bounds[r][s]
-        return EdgeCost(seconds, 0, 0, local)
+        if not self._batched:
+            return EdgeCost(seconds, 0, 0, local)
+        # the wire bound less its one latency is a bound on the batched wire seconds
+        wire = seconds - local
+        return EdgeCost(seconds, 0, 0, local, max(0.0, wire - self._latency) + local)
 
     def estimates(self) -> tuple[tuple[EdgeCost, ...], ...]:
         R, S = self.shape
@@ -325,7 +340,9 @@ def _price(key: tuple, topology, mode: str) -> EdgeCost:
     if not ex:
         return ZERO_EDGE
     return EdgeCost(xchg.exchange_time(ex, topology), ex.nbytes, ex.n_rounds,
-                    xchg.stitch_time(ex, topology))
+                    xchg.stitch_time(ex, topology),
+                    xchg.exchange_time(ex, topology, batched=True)
+                    if weights_in_one_batch(topology) else None)
 
 
 _WORKER: dict = {}  # per worker process: its topology view (set once by the initializer)

@@ -616,12 +616,16 @@ def link_resources(link) -> tuple[tuple[str, float], ...]:
     return own + tuple(ports)
 
 
-def exchange_time(ex: Exchange, topology) -> float:
+def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     """Seconds under the round model of the module docstring: per round, every resource (link
     medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
     latency plus its busiest resource's time; the round lasts as long as its slowest route plus
     its longest per-device fold and its busiest device's per-message host work
-    (`message_time`); then the readers' stitching copies (`Exchange.copies`)."""
+    (`message_time`); then the readers' stitching copies (`Exchange.copies`).
+
+    `batched`: the seconds this exchange adds to a batch that others share, whose route
+    latencies and per-message host work are paid once for all (the weights lowering sends in
+    one batch, `coalesce.weights_in_one_batch`): the same sum without those two terms."""
     if not ex:
         return 0.0
     by_round: dict[int, dict[tuple[int, ...], None]] = {}
@@ -652,9 +656,11 @@ def exchange_time(ex: Exchange, topology) -> float:
         wire = 0.0
         for hops in by_round.get(rnd, ()):
             latency, terms = _route_terms(topology, hops)
-            wire = max(wire, latency + max(ld[res] / bb[res] for res, _ in terms))
+            wire = max(wire, (0.0 if batched else latency)
+                       + max(ld[res] / bb[res] for res, _ in terms))
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
-        total += wire + fold + message_time(by_round.get(rnd, ()), topology)
+        total += wire + fold + (0.0 if batched else
+                                message_time(by_round.get(rnd, ()), topology))
     return total + stitch_time(ex, topology)
 
 

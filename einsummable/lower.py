@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .coalesce import weights_in_one_batch
 from .errors import PlanError
 from .exchange import Exchange, contains, synthesize
 from .ir import Graph, TensorInfo
@@ -277,7 +278,7 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     # Weights do not depend on the activations: their transfers for the next `prefetch` ops
     # that read weights go out before this op's kernels, so they flow while it computes.
     weighted = [op for op in graph.ops if any(graph.tensor(n).kind == "weight" for n in op.inputs)]
-    if coalesce and any(d.message_s for d in topology.devices):
+    if coalesce and weights_in_one_batch(topology):
         # A transport that charges per message: every weight goes out at the start, in one
         # batch, so that coalescing packs each peer's blocks into one message.
         prefetch = len(weighted)

@@ -541,7 +541,10 @@ def hopeful_cells(model: Model, upper: float) -> list[tuple]:
         for r in range(R):
             for s_ in range(S):
                 seconds, local = e.matrix.bounds[r][s_]
-                lb = max(floor + local, seconds - local) if weight else floor + seconds
+                if weight:
+                    lb = max(floor + local, e.matrix.estimate(r, s_).in_batch_s - local)
+                else:
+                    lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):
                     out[e.matrix.short(r, s_)] = None
     return list(out)

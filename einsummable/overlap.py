@@ -11,7 +11,10 @@ time is modelled as
     C   compute: the candidates' kernel seconds
     W   weight exchanges: the edges out of "input:<weight>" nodes, which stream behind the
         compute (they cannot finish before their bytes have crossed, nor slow compute down);
-        the copies that stitch a gathered weight together are device work and count in C
+        the copies that stitch a gathered weight together are device work and count in C.
+        Where the transport charges per message, lowering sends every weight in one batch,
+        whose route latencies and message costs are paid once, not once per weight: there
+        each weight edge counts its batched seconds (`EdgeCost.batched_s`)
 
 T is not a sum of pairwise terms, but it is one MIP away: formulations.Problem takes
 "overlapping parts", an objective plain + max(part 0, part 1), and models the max as an
@@ -54,7 +57,7 @@ def split(model, choice: Mapping[str, int]) -> Split:
     for e in model.edges:
         x = e.cost(choice[e.src], choice[e.dst])
         if is_weight_edge(model, e):
-            w += x.seconds - x.local_s
+            w += x.in_batch_s - x.local_s
             c += x.local_s
         else:
             a += x.seconds
@@ -81,7 +84,7 @@ def overlap_problem(model, warm_start: Mapping[str, int] | None):
         if is_weight_edge(model, e):
             zero = tuple(tuple(0.0 for _ in row) for row in cells)
             local = tuple(tuple(x.local_s for x in row) for row in cells)
-            wire = tuple(tuple(x.seconds - x.local_s for x in row) for row in cells)
+            wire = tuple(tuple(x.in_batch_s - x.local_s for x in row) for row in cells)
             edges.append(fm.Edge(e.src, e.dst, zero, e.rows, e.cols, (local, wire)))
         else:
             edges.append(fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row)

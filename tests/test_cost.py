@@ -131,7 +131,8 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
 
 
 @pytest.mark.parametrize("topo", [synthetic(4), synthetic(8, nodes=2), load_topology("dgx1-v100"),
-                                  load_topology("pcie4-numa")], ids=lambda t: t.name)
+                                  load_topology("pcie4-numa"), load_topology("cpu4")],
+                         ids=lambda t: t.name)
 def test_lazy_bounds_never_exceed_the_exact_price(topo):
     # The optimizer solves on these bounds for unpriced cells; optimality needs bound <= price
     # for the seconds and for the local (stitching) part, partial sums and replicas included.
@@ -162,6 +163,26 @@ def test_lazy_bounds_never_exceed_the_exact_price(topo):
             assert lo.seconds <= ex.seconds * (1 + 1e-12) + 1e-18
             assert lo.local_s <= ex.local_s * (1 + 1e-12) + 1e-18
             assert lo.seconds - lo.local_s <= (ex.seconds - ex.local_s) * (1 + 1e-12) + 1e-18
+            assert lo.in_batch_s <= ex.in_batch_s * (1 + 1e-12) + 1e-18  # weights in one batch
             tight += ex.seconds > 0 and lo.seconds >= 0.5 * ex.seconds
             assert m.estimate(r, s) == ex  # once priced, the estimate is the price
     assert tight > 0  # the bound is informative, not 0 everywhere
+
+
+def test_weights_in_one_batch_pay_latency_and_messages_once():
+    # Where the transport charges per message, lowering sends every weight in one batch; a
+    # weight edge then adds only its bytes' time (and folds, stitching) to that batch.
+    from einsummable.ir import TensorInfo
+    from einsummable.placement import Piece
+    info = TensorInfo("w", (256, 256), "float32")
+    full = ((0, 256), (0, 256))
+    pieces = [Piece(((64 * d, 64 * (d + 1)), (0, 256)), d, 0, 1) for d in range(4)]
+    needs = [(full, d) for d in range(4)]
+    gloo = synthetic(4, message_s=1e-3)
+    ex = synthesize(info, pieces, needs, None, gloo)
+    price = EdgePricer(gloo, workers=1).price(info, pieces, needs, None)
+    fixed = ex.n_rounds * (gloo.links[0].latency_s + 2 * 3 * 1e-3)  # 3 peers each way a round
+    assert price.batched_s == pytest.approx(exchange_time(ex, gloo, batched=True))
+    assert price.seconds - price.batched_s == pytest.approx(fixed)
+    nccl = synthetic(4)  # no per-message price: weights stream per op, nothing is batched
+    assert EdgePricer(nccl, workers=1).price(info, pieces, needs, None).batched_s is None
