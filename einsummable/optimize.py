@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -58,6 +59,10 @@ from .errors import EinsummableError, PlanError
 from .ir import Graph
 from pathlib import Path
 from .placement import INPUT_PREFIX, Candidate, output_layout
+
+# Where a solve spends its time (model build, each solve, each pricing), at INFO: for a user
+# asking why a plan is slow to come (`experiments/optimizer_bench.py --phases`).
+log = logging.getLogger(__name__)
 
 WEIGHT_MODES = ("sharded", "free")
 MIN_TIE_PERIOD = 4  # ops per repeated block; shorter periods are patterns inside one block
@@ -315,6 +320,7 @@ class _Shared:
 def build_model(graph: Graph, topology, options: Options = Options(),
                 nodes: dict[str, OpCandidates] | None = None,
                 pricer: EdgePricer | None = None) -> Model:
+    t_build = time.perf_counter()
     r = roles(graph)
     nodes = nodes if nodes is not None else graph_candidates(graph, topology,
                                                              weights=options.weights, r=r)
@@ -368,8 +374,14 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
     memory, caps = _memory(graph, topology, nodes, layouts, sh)
-    return Model(graph, topology, options, nodes, compute, finish, edges,
-                 _tie_groups(graph, nodes), memory, caps, r, pricer)
+    model = Model(graph, topology, options, nodes, compute, finish, edges,
+                  _tie_groups(graph, nodes), memory, caps, r, pricer)
+    if log.isEnabledFor(logging.INFO):
+        seen = {id(e.matrix): e.matrix.shape for e in edges}
+        log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",
+                 len(nodes), len(edges), sum(r * c for r, c in seen.values()),
+                 time.perf_counter() - t_build)
+    return model
 
 
 def _liveness(graph: Graph, nodes: Mapping[str, OpCandidates]) -> dict[str, tuple[int, int]]:
@@ -580,17 +592,22 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
         if left is not None and left <= 0:
             left = 1e-3  # one more (short) solve returns the incumbent found so far
+        t_solve = time.perf_counter()
         sol = solve_problem(make_problem(warm), left)
         todo = unpriced(model, sol.assignment)
+        log.info("solve %d: objective %.6g s on the estimates, bound %.6g s, %.2f s; "
+                 "%d cells it uses unpriced", rounds + 1, sol.objective, sol.bound,
+                 time.perf_counter() - t_solve, len(todo))
         if not todo:
             return sol
         rounds += 1
-        model.pricer.prefetch_short(todo)
+        _price_logged(model, todo, "the solution's cells")
         if rounds >= LAZY_ROUNDS:
             if warm_start:
                 upper = min(upper, model.objective(warm_start))
             upper = min(upper, model.objective(sol.assignment))
-            model.pricer.prefetch_short(hopeful_cells(model, upper))
+            _price_logged(model, hopeful_cells(model, upper),
+                          f"cells that could be in a plan <= {upper:.6g} s")
         warm = sol.assignment
         if sol.status != "optimal" or (time_limit_s is not None
                                        and time.perf_counter() - t0 >= time_limit_s):
@@ -600,6 +617,12 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
             bound = min(sol.bound, obj)
             return dataclasses.replace(sol, objective=obj, status="time_limit", bound=bound,
                                        gap=gap_of(obj, bound))
+
+
+def _price_logged(model: Model, cells: list[tuple], what: str) -> None:
+    t0 = time.perf_counter()
+    model.pricer.prefetch_short(cells)
+    log.info("priced %d %s in %.2f s", len(cells), what, time.perf_counter() - t0)
 
 
 def _solve_problem(problem, time_limit_s: float | None, solver: str):
@@ -739,7 +762,10 @@ def named_plan(graph: Graph, topology, name: str, *, weights: str = "sharded",
                  {"strategy": name, "inexact_ops": list(inexact)})
 
 
-CACHE_VERSION = 1
+# Part of every cache key: raise it whenever pricing changes which plan is optimal, so that
+# no cached plan of an older cost model is served (2: exchanges over the rails; weights sent
+# in one batch priced once).
+CACHE_VERSION = 2
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"
 
 

@@ -1,7 +1,7 @@
 """Solve time and predicted time of optimized plans against named strategies.
 
     python experiments/optimizer_bench.py [--topologies a100x8 ...] [--models llama-7b ...]
-        [--batch 4 --seq 2048] [--stack 32]
+        [--batch 4 --seq 2048] [--stack 32] [--phases]
 
 Prints, per workload: optimize wall seconds (model build + MIP), gap, the objective, each named
 strategy's objective on the same cost model, and the compute floor FLOPs / (devices x peak x
@@ -32,7 +32,13 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--stack", type=int, default=1, help="blocks per graph (tied)")
+    p.add_argument("--phases", action="store_true",
+                   help="print where each solve spends its time (build, solves, pricing)")
     a = p.parse_args()
+    if a.phases:
+        import logging
+        logging.basicConfig(format="  %(message)s")
+        logging.getLogger("einsummable.optimize").setLevel(logging.INFO)
     rows = []
     print(f"{'topology':<10} {'model':<10} {'solve s':>8} {'gap':>8} {'opt ms':>8} "
           + " ".join(f"{s[:12]:>12}" for s in STRATEGIES) + f" {'floor ms':>9} {'opt/tp':>7}")
