@@ -99,3 +99,25 @@ def test_shipped_configs_parse() -> None:
     for n in names:
         cfg = harness.load_config(n)
         assert cfg.get("kind", "blocks") in bench.runners.RUNNERS
+
+
+def test_a_run_whose_rank_dies_reports_every_system_and_returns(monkeypatch) -> None:
+    # A rank that aborts (a signal, no Python exception) must not take the sweep down: each
+    # system of that run carries the reason, and the caller goes on with its other runs.
+    import torch.multiprocessing as mp
+    from experiments import measure as m
+    from experiments.workloads import Workload
+
+    class Dead:
+        processes: list = []
+
+        def join(self, timeout=None):
+            raise mp.ProcessExitedException("process 1 terminated with signal SIGABRT",
+                                            error_index=1, error_pid=0, exit_code=-6,
+                                            signal_name="SIGABRT")
+
+    monkeypatch.setattr(m.mp, "start_processes", lambda *a, **k: Dead())
+    req = m.MeasureRequest(Workload("t", "llama-tiny", 1, 8), ("einsummable", "floor"), 2)
+    got = m.measure(req)
+    assert set(got) == {"einsummable", "floor"}
+    assert all(t.median_s is None and "SIGABRT" in t.error for t in got.values())
