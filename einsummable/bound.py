@@ -104,7 +104,8 @@ def _memo(topology, key: str, make):
     return cache[key]
 
 
-def _min_latency(topology) -> float:
+def min_latency(topology) -> float:
+    """The one latency `wire_bound` adds to a positive bound (the least of any link)."""
     return _memo(topology, "exchange-bound-latency",
                  lambda: min((l.latency_s for l in topology.links), default=0.0))
 
@@ -148,7 +149,7 @@ def wire_bound(held: Sequence[tuple[Region, ...]], needed: Sequence[tuple[Region
             missing = uncovered_volume(q, h)
             if missing:
                 best = max(best, missing * elem_bytes / cap)
-    return best + _min_latency(topology) if best else 0.0
+    return best + min_latency(topology) if best else 0.0
 
 
 @lru_cache(maxsize=1 << 16)

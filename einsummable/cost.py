@@ -279,7 +279,7 @@ class EdgeMatrix:
 
     def __init__(self, pricer: EdgePricer, info: TensorInfo, layouts: Sequence,
                  needs: Sequence, agg: str | None) -> None:
-        from .bound import _min_latency, held_per_cut, needed_per_cut, stitch_bound, wire_bound
+        from .bound import held_per_cut, min_latency, needed_per_cut, stitch_bound, wire_bound
         self.pricer = pricer
         lays = [tuple(l) for l in layouts]
         nds = [tuple(n) for n in needs]
@@ -289,7 +289,7 @@ class EdgeMatrix:
         self._head = head
         topo = pricer.fast.base
         self._batched = weights_in_one_batch(topo)
-        self._latency = _min_latency(topo)
+        self._latency = min_latency(topo)
         held = [held_per_cut(l, topo) for l in lays]
         needed = [needed_per_cut(n, topo) for n in nds]
         elem = DTYPE_BYTES[info.dtype]

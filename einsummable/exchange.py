@@ -291,8 +291,9 @@ class _Builder:
             rnd += 1
         for r in res:
             self._busy[(r, rnd)] = hops
-        self.sent[src] = self.sent.get(src, 0) + volume(reg) * self.elem
-        self.transfers.append(Transfer(src, dst, self.info.name, reg, volume(reg) * self.elem,
+        nbytes = volume(reg) * self.elem
+        self.sent[src] = self.sent.get(src, 0) + nbytes
+        self.transfers.append(Transfer(src, dst, self.info.name, reg, nbytes,
                                        "partial" if slices else "copy", rnd, hops, slices))
         return rnd
 
@@ -442,7 +443,7 @@ def _copy(b: _Builder, sources: list[tuple[Region, int, int]],
             hit.sort(key=lambda i: (row[pool[i][1]], pool[i][2],
                                     pool[i][1] if tie is None else tie.get(pool[i][1], 0), i))
         todo = [q]
-        got: list[tuple[Region, int]] = []
+        got: list[tuple[Region, int, int]] = []  # (part, device holding it, round)
         parts: list[tuple[Region, bool]] = []
         for i in hit:
             reg, dev, ready = pool[i]

@@ -99,16 +99,14 @@ ATTEMPTS = 2
 def measure(request: MeasureRequest) -> dict[str, Timing]:
     """Spawn the ranks, wait (bounded), and return one Timing per requested system."""
     for _ in range(ATTEMPTS):
-        got = _measure_once(request)
-        if not all(t.error and t.error.startswith(DIED) for t in got.values()):
-            return got
+        got, died = _measure_once(request)
+        if not died:
+            break
     return got
 
 
-DIED = "the ranks did not finish"
-
-
-def _measure_once(request: MeasureRequest) -> dict[str, Timing]:
+def _measure_once(request: MeasureRequest) -> tuple[dict[str, Timing], bool]:
+    """The timings, and whether a rank died (then every timing carries the reason)."""
     with tempfile.TemporaryDirectory(prefix="es-measure-") as tmp:
         out_path = os.path.join(tmp, "result.json")
         ctx = mp.start_processes(_rank_main, args=(request, free_port(), out_path),
@@ -122,9 +120,10 @@ def _measure_once(request: MeasureRequest) -> dict[str, Timing]:
         except (ProcessException, TimeoutError) as e:
             # a rank died (retried once, see ATTEMPTS) or the run stalled (not retried): every
             # system of this run gets the reason, and the caller goes on with its other runs
-            why = (f"{DIED} ({ATTEMPTS} attempts)" if isinstance(e, ProcessException)
+            died = isinstance(e, ProcessException)
+            why = (f"the ranks did not finish ({ATTEMPTS} attempts)" if died
                    else "the run stalled") + f": {str(e).splitlines()[0]}"
-            return {name: Timing(name, error=why) for name in request.systems}
+            return {name: Timing(name, error=why) for name in request.systems}, died
         finally:
             for p in ctx.processes:
                 if p.is_alive():
@@ -132,7 +131,7 @@ def _measure_once(request: MeasureRequest) -> dict[str, Timing]:
                     p.join(5)
         with open(out_path) as f:
             raw = json.load(f)
-    return {name: Timing.from_dict(t) for name, t in raw.items()}
+    return {name: Timing.from_dict(t) for name, t in raw.items()}, False
 
 
 # ------------------------------------------------------------------------------- inside a rank

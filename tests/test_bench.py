@@ -116,8 +116,10 @@ def test_a_run_whose_rank_dies_reports_every_system_and_returns(monkeypatch) -> 
                                             error_index=1, error_pid=0, exit_code=-6,
                                             signal_name="SIGABRT")
 
-    monkeypatch.setattr(m.mp, "start_processes", lambda *a, **k: Dead())
+    starts = []
+    monkeypatch.setattr(m.mp, "start_processes", lambda *a, **k: starts.append(1) or Dead())
     req = m.MeasureRequest(Workload("t", "llama-tiny", 1, 8), ("einsummable", "floor"), 2)
     got = m.measure(req)
+    assert len(starts) == m.ATTEMPTS  # run once more before the death is reported
     assert set(got) == {"einsummable", "floor"}
     assert all(t.median_s is None and "SIGABRT" in t.error for t in got.values())
