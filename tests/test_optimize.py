@@ -145,22 +145,23 @@ def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
         assert len({d for ds in cand.devices for d in ds}) == 8
 
 
-@pytest.mark.xfail(reason="measured (A, W0, W1 weights, a100x8): with weight gathers streamed "
-                          "behind compute (default objective) i/8 costs 0.944 ms, compute only, "
-                          "vs 1.351 ms for the best 2x2x2 (0.41 ms of activation exchange on "
-                          "the critical path). Plain sum: 2D i/4 j/2 1.478 ms vs 2x2x2 1.650 ms; "
-                          "its mm0->mm1 edge costs 233 us / 335 MB because the canonical "
-                          "placement makes each partial block's 2 holders and 2 readers differ "
-                          "by one device (reduce-scatter needs them equal); even at the ideal "
-                          "~120 us 2x2x2 stays behind 2D on this shape",
-                   strict=False)
 def test_square_matmul_chain_splits_three_modes(tmp_path):
+    # 3D matmul minimises the bytes a matmul moves; it wins where those bytes are the time:
+    # every exchange on the critical path (overlap=False) over the sparse cube-mesh NVLink of
+    # dgx1-v100. (On a100x8 it does not: weight gathers hide behind compute and i/8 costs
+    # compute only, 0.944 ms against 1.351 ms for the best 2x2x2; with the plain sum 2D
+    # i/4 j/2 costs 1.478 ms against 1.650 ms, NVSwitch making the extra bytes cheap.)
     b = Builder("float16")
     x = b.weight("A", (8192, 8192))
     for i in range(2):
         x = b.einsum("ik,kj->ij", x, b.weight(f"W{i}", (8192, 8192)), name=f"mm{i}")
-    plan = O.optimize(b.build([x]), "a100x8", cache=tmp_path)
-    assert any(len(_split(plan, f"mm{i}")) == 3 for i in range(2))
+    g = b.build([x])
+    plan = O.optimize(g, "dgx1-v100", overlap=False, cache=tmp_path)
+    assert dict(plan.candidate("mm0").parts) == {"i": 2, "j": 2, "k": 2}
+    assert plan.gap == pytest.approx(0.0, abs=1e-9)
+    for name in ("megatron-tp", "fsdp"):
+        assert plan.objective_s < O.named_plan(g, "dgx1-v100", name,
+                                               overlap=False).objective_s
 
 
 def _bytes_inside_and_across(g, topo, plan, steady_state: bool) -> tuple[int, int]:
