@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -250,22 +251,37 @@ class EdgePricer:
         function)."""
         self.prefetch_short([self.short(k) for k in keys])
 
-    def prefetch_short(self, shorts: Sequence[tuple]) -> None:
+    def prefetch_short(self, shorts: Sequence[tuple], deadline: float | None = None) -> int:
+        """Price the pairs (short keys) not priced yet, in worker processes when there are many,
+        in the order given. With `deadline` (a `time.perf_counter()` value) it stops at the
+        first wave of work that ends past it, leaving the rest unpriced. Returns how many it
+        priced."""
         todo = [k for k in dict.fromkeys(shorts) if k not in self._memo]
         workers = self.workers if self.workers is not None else _cpus()
         if len(todo) < PARALLEL_MIN_PAIRS or workers < 2 or not _can_fork():
-            for k in todo:
+            for i, k in enumerate(todo):
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return i
                 self.price_short(k)
-            return
+            return len(todo)
         chunks = [todo[i:i + PARALLEL_CHUNK] for i in range(0, len(todo), PARALLEL_CHUNK)]
+        # one wave = one chunk per worker, so a deadline is overrun by one chunk's time at most
+        waves = [chunks[i:i + workers] for i in range(0, len(chunks), workers)] \
+            if deadline is not None else [chunks]
+        done = 0
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(self.fast.base, self.model.exchange_mode)) as pool:
-            longs = [[self._long(k) for k in chunk] for chunk in chunks]
-            for chunk, res in zip(chunks, pool.map(_price_chunk, longs)):
-                for k, v in zip(chunk, res):
-                    self.calls += 1
-                    self._memo[k] = v
+            for wave in waves:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                longs = [[self._long(k) for k in chunk] for chunk in wave]
+                for chunk, res in zip(wave, pool.map(_price_chunk, longs)):
+                    for k, v in zip(chunk, res):
+                        self.calls += 1
+                        self._memo[k] = v
+                    done += len(chunk)
+        return done
 
 
 class EdgeMatrix:

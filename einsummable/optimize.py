@@ -45,7 +45,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import tempfile
 import time
@@ -530,19 +529,26 @@ def price_all(model: Model) -> None:
     model.pricer.prefetch_short(shorts)
 
 
+def floor_s(model: Model) -> float:
+    """A lower bound on every plan's objective: each node's least unary cost (compute, and
+    the fold of an unfed output), no exchange. It holds with overlap too: there T = A + max(C,
+    W) >= (folds in A) + C."""
+    return sum(min(model.unary(k, c) for c in range(len(oc.cands)))
+               for k, oc in model.nodes.items())
+
+
 def hopeful_cells(model: Model, upper: float) -> list[tuple]:
     """Unpriced cells that could be in a plan of objective <= `upper` (a plan's exact cost):
     those whose own bound plus the least compute (or unary cost) of every node does not
     exceed it. The others keep their bounds in the MIP: any choice using one costs more than
     `upper` on the bounds alone, so an optimal solve never picks it (and `solve_lazily`
-    checks that it did not)."""
+    checks that it did not). Lowest bound first: the order to price them in when time is
+    short."""
     from .overlap import is_weight_edge
     overlap = model.options.overlap
-    floor = sum(min(c.total_s for c in model.compute[k]) if overlap else
-                min(model.unary(k, c) for c in range(len(oc.cands)))
-                for k, oc in model.nodes.items())
+    floor = floor_s(model)
     slack = upper * (1 + HOPEFUL_MARGIN)
-    out: dict[tuple, None] = {}
+    out: dict[tuple, float] = {}
     seen: set[int] = set()
     for e in model.edges:
         if id(e.matrix) in seen:
@@ -558,8 +564,9 @@ def hopeful_cells(model: Model, upper: float) -> list[tuple]:
                 else:
                     lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):
-                    out[e.matrix.short(r, s_)] = None
-    return list(out)
+                    key = e.matrix.short(r, s_)
+                    out[key] = min(lb, out.get(key, lb))
+    return sorted(out, key=out.__getitem__)
 
 
 def unpriced(model: Model, choice: Mapping[str, int]) -> list[tuple]:
@@ -583,13 +590,23 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     cut bound lets every NIC carry its share, which the synthesis reaches only in part) rounds
     could go on for long, so after `LAZY_ROUNDS` solves every cell that could still be in a
     plan no worse than the current one is priced (`hopeful_cells`), and the next solve is
-    exact."""
+    exact.
+
+    `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
+    lowest bound first until it runs out). Out of time, the answer is the best plan whose
+    cost is exact (the warm start's, or a round's solution once its cells are priced), with
+    the best round bound as its bound: status "time_limit" and an honest gap."""
     t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else t0 + time_limit_s
     warm = warm_start
     rounds = 0
-    upper = math.inf  # the least exact objective of a plan seen (the warm start's, each solution's)
+    best: tuple[float, Mapping[str, int]] | None = None  # least exact objective seen, its plan
+    if warm_start:
+        best = (model.objective(warm_start), warm_start)
+    bound = floor_s(model)  # the best bound proved on the exact problem (a solve cut short
+    # before its root relaxation proves none)
     while True:
-        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
+        left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             left = 1e-3  # one more (short) solve returns the incumbent found so far
         t_solve = time.perf_counter()
@@ -598,31 +615,36 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         log.info("solve %d: objective %.6g s on the estimates, bound %.6g s, %.2f s; "
                  "%d cells it uses unpriced", rounds + 1, sol.objective, sol.bound,
                  time.perf_counter() - t_solve, len(todo))
-        if not todo:
+        if not todo and sol.status == "optimal":
             return sol
         rounds += 1
         _price_logged(model, todo, "the solution's cells")
-        if rounds >= LAZY_ROUNDS:
-            if warm_start:
-                upper = min(upper, model.objective(warm_start))
-            upper = min(upper, model.objective(sol.assignment))
-            _price_logged(model, hopeful_cells(model, upper),
-                          f"cells that could be in a plan <= {upper:.6g} s")
-        warm = sol.assignment
-        if sol.status != "optimal" or (time_limit_s is not None
-                                       and time.perf_counter() - t0 >= time_limit_s):
-            # out of time: the assignment stands, its objective re-evaluated exactly
-            from formulations.problem import gap_of, objective
-            obj = objective(make_problem(warm), sol.assignment)
-            bound = min(sol.bound, obj)
-            return dataclasses.replace(sol, objective=obj, status="time_limit", bound=bound,
-                                       gap=gap_of(obj, bound))
+        bound = max(bound, sol.bound)
+        exact = model.objective(sol.assignment)
+        if best is None or exact < best[0]:
+            best = (exact, sol.assignment)
+        out_of_time = sol.status != "optimal" or (
+            deadline is not None and time.perf_counter() >= deadline)
+        if rounds >= LAZY_ROUNDS and not out_of_time:
+            _price_logged(model, hopeful_cells(model, best[0]),
+                          f"cells that could be in a plan <= {best[0]:.6g} s", deadline)
+        warm = best[1]
+        if out_of_time:
+            from formulations.problem import gap_of
+            obj = best[0]
+            low = min(bound, obj)
+            log.info("out of time after %.2f s: best plan %.6g s, bound %.6g s",
+                     time.perf_counter() - t0, obj, low)
+            return dataclasses.replace(sol, assignment=dict(best[1]), objective=obj,
+                                       status="time_limit", bound=low, gap=gap_of(obj, low))
 
 
-def _price_logged(model: Model, cells: list[tuple], what: str) -> None:
+def _price_logged(model: Model, cells: list[tuple], what: str,
+                  deadline: float | None = None) -> None:
     t0 = time.perf_counter()
-    model.pricer.prefetch_short(cells)
-    log.info("priced %d %s in %.2f s", len(cells), what, time.perf_counter() - t0)
+    done = model.pricer.prefetch_short(cells, deadline)
+    log.info("priced %d %s in %.2f s%s", done, what, time.perf_counter() - t0,
+             "" if done >= len(cells) else f" ({len(cells) - done} left: out of time)")
 
 
 def _solve_problem(problem, time_limit_s: float | None, solver: str):
@@ -816,6 +838,8 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
              pricer: EdgePricer | None = None, overlap: bool = True):
     """The MIP-optimal Plan for `graph` on `topology` (see the module docstring).
 
+    time_limit_s: wall seconds for the whole search, model build and pricing included; when
+    it runs out the best plan found is returned with its bound and gap (status "time_limit").
     cache: True (default directory, or $EINSUMMABLE_CACHE_DIR), a directory, or False.
     pricer: an EdgePricer for this topology and cost model to reuse (its memo is shared with
     later builds, e.g. of named plans on the same graph); None makes a fresh one.
@@ -847,7 +871,8 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
             if best_named is None or obj < best_named[0]:
                 best_named = (obj, a, name)
         warm = best_named[1] if best_named else None
-    sol = solve_model(model, time_limit_s=time_limit_s, solver=solver, warm_start=warm,
+    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
+    sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
                       incumbents=named)
     solve_s = time.perf_counter() - t0
     extra = {"solver": solver, "status": sol.status, "time_limit_s": time_limit_s,

@@ -204,6 +204,35 @@ def test_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
     assert across <= inside
 
 
+def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
+    # 0.2 s is far below the search (pricing this model's cells takes seconds): the answer is
+    # a plan whose objective is its exact cost, under a finite bound the full search respects.
+    topo = load_topology("h100x8x2")
+    g = _mlp(4096, d=1024, f=4096)
+    quick = O.optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
+    assert quick.option["status"] == "time_limit"
+    assert quick.objective_s == pytest.approx(
+        O.plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
+    assert 0 < quick.bound_s <= quick.objective_s
+    assert quick.gap == pytest.approx((quick.objective_s - quick.bound_s) / quick.objective_s)
+    full = O.optimize(g, topo, steady_state=True, cache=tmp_path)
+    assert quick.bound_s <= full.objective_s * (1 + 1e-9) <= quick.objective_s * (1 + 1e-9)
+
+
+def test_pricing_stops_at_its_deadline():
+    import time
+    topo = load_topology("h100x8x2")
+    model = O.build_model(_mlp(4096, d=1024, f=4096), topo, O.Options("sharded", True))
+    cells = [e.matrix.short(r, s) for e in model.edges
+             for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1])]
+    todo = [c for c in dict.fromkeys(cells) if model.pricer.known_short(c) is None]
+    assert len(todo) > 400  # enough for the worker pool
+    assert model.pricer.prefetch_short(todo, deadline=time.perf_counter()) == 0
+    assert all(model.pricer.known_short(c) is None for c in todo)
+    assert model.pricer.prefetch_short(todo[:50], deadline=time.perf_counter() + 600) == 50
+    assert all(model.pricer.known_short(c) is not None for c in todo[:50])
+
+
 @pytest.mark.slow  # minutes: every edge of a 7B block on 16 devices is priced
 def test_llama7b_block_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
     from einsummable.models.llama_ir import llama_block_graph
