@@ -917,7 +917,9 @@ def explain_plan(plan, strategies: bool = True) -> str:
              f"objective {plan.objective_s * 1e3:.4f} ms"
              + (f", bound {plan.bound_s * 1e3:.4f} ms, gap {plan.gap:.2e}"
                 if plan.bound_s is not None and plan.gap is not None else "")
-             + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")]
+             + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")
+             + (" (stopped at the time limit: the best plan found)"
+                if opt.get("status") == "time_limit" else "")]
     if options.overlap:
         from .overlap import split
         parts = split(model, mine)

@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="sharded", choices=("sharded", "free"))
     p.add_argument("--steady-state", action="store_true",
                    help="leave the output in the layout the input arrived in (stacked blocks)")
-    p.add_argument("--time-limit", type=float, default=None, help="solver seconds")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="wall seconds for the search, build and pricing included; when it "
+                        "runs out, the best plan found and its gap")
     p.add_argument("--strategy", default=None,
                    help="a named strategy instead of the optimizer (data-parallel, fsdp, "
                         "megatron-tp, megatron-tp-sp, ulysses)")
