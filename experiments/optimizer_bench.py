@@ -1,7 +1,7 @@
 """Solve time and predicted time of optimized plans against named strategies.
 
     python experiments/optimizer_bench.py [--topologies a100x8 ...] [--models llama-7b ...]
-        [--batch 4 --seq 2048] [--stack 32] [--phases]
+        [--batch 4 --seq 2048] [--stack 32] [--phases] [--time-limit S]
 
 Prints, per workload: optimize wall seconds (model build + MIP), gap, the objective, each named
 strategy's objective on the same cost model, and the compute floor FLOPs / (devices x peak x
@@ -32,6 +32,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--stack", type=int, default=1, help="blocks per graph (tied)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="wall seconds per optimize call (the best plan found and its gap)")
     p.add_argument("--phases", action="store_true",
                    help="print where each solve spends its time (build, solves, pricing)")
     a = p.parse_args()
@@ -49,7 +51,7 @@ def main() -> int:
             pricer = EdgePricer(topo)  # one memo: the named plans reuse the optimizer's prices
             t0 = time.perf_counter()
             plan = O.optimize(g, topo, weights="sharded", steady_state=True, cache=False,
-                              pricer=pricer)
+                              pricer=pricer, time_limit_s=a.time_limit)
             wall = time.perf_counter() - t0
             sharded = O.build_model(g, topo, O.Options("sharded", True), pricer=pricer)
             free = O.build_model(g, topo, O.Options("free", True), pricer=pricer)
