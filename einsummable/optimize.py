@@ -69,6 +69,9 @@ MIN_TIE_PERIOD = 4  # ops per repeated block; shorter periods are patterns insid
 LAZY_ROUNDS = 3
 # Relative margin on the incumbent when deciding which cells could still matter (rounding).
 HOPEFUL_MARGIN = 1e-9
+# Under a time limit, another solve starts only with at least this share of the last solve's
+# wall time left (model building is outside the solver's own limit).
+MIN_SOLVE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -593,7 +596,8 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     exact.
 
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
-    lowest bound first until it runs out). Out of time, the answer is the best plan whose
+    lowest bound first until one more solve would not fit, and no solve starts with less than
+    `MIN_SOLVE_SHARE` of the last one's time left). Out of time, the answer is the best plan whose
     cost is exact (the warm start's, or a round's solution once its cells are priced), with
     the best round bound as its bound: status "time_limit" and an honest gap."""
     t0 = time.perf_counter()
@@ -611,10 +615,11 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
             left = 1e-3  # one more (short) solve returns the incumbent found so far
         t_solve = time.perf_counter()
         sol = solve_problem(make_problem(warm), left)
+        solve_s = time.perf_counter() - t_solve
         todo = unpriced(model, sol.assignment)
         log.info("solve %d: objective %.6g s on the estimates, bound %.6g s, %.2f s; "
                  "%d cells it uses unpriced", rounds + 1, sol.objective, sol.bound,
-                 time.perf_counter() - t_solve, len(todo))
+                 solve_s, len(todo))
         if not todo and sol.status == "optimal":
             return sol
         rounds += 1
@@ -626,9 +631,14 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         out_of_time = sol.status != "optimal" or (
             deadline is not None and time.perf_counter() >= deadline)
         if rounds >= LAZY_ROUNDS and not out_of_time:
+            # stop pricing in time for one more solve like the last, which uses the prices
             _price_logged(model, hopeful_cells(model, best[0]),
-                          f"cells that could be in a plan <= {best[0]:.6g} s", deadline)
+                          f"cells that could be in a plan <= {best[0]:.6g} s",
+                          None if deadline is None else deadline - solve_s)
         warm = best[1]
+        if deadline is not None and not out_of_time:
+            # a solve with too little of the last one's time left would end past the limit
+            out_of_time = deadline - time.perf_counter() < MIN_SOLVE_SHARE * solve_s
         if out_of_time:
             from formulations.problem import gap_of
             obj = best[0]
