@@ -36,9 +36,46 @@ Needs = Sequence[tuple[Region, int]]
 
 
 @lru_cache(maxsize=1 << 16)
+def _disjoint(regions: tuple[Region, ...]) -> bool:
+    """No two of the boxes meet (the blocks of one layout, as a rule)."""
+    for i, a in enumerate(regions):
+        for b in regions[i + 1:]:
+            if all(a0 < b1 and b0 < a1 for (a0, a1), (b0, b1) in zip(a, b)):
+                return False
+    return True
+
+
+def _overlap(a: Region, b: Region) -> int:
+    out = 1
+    for (a0, a1), (b0, b1) in zip(a, b):
+        lo, hi = max(a0, b0), min(a1, b1)
+        if hi <= lo:
+            return 0
+        out *= hi - lo
+    return out
+
+
+@lru_cache(maxsize=1 << 18)
+def _outside(q: Region, held: tuple[Region, ...]) -> int:
+    """Volume of box q outside disjoint boxes `held` (one box recurs in many needs)."""
+    return volume(q) - sum(_overlap(q, h) for h in held)
+
+
+@lru_cache(maxsize=1 << 16)
 def uncovered_volume(needed: tuple[Region, ...], held: tuple[Region, ...]) -> int:
     """Volume of the union of `needed` outside the union of `held`. Memoised: the same
-    per-device blocks recur across the many layouts of one model."""
+    per-device blocks recur across the many layouts of one model. When the needed boxes are
+    disjoint and so are the held ones (blocks of layouts), it is the needed volume less every
+    pairwise overlap; else the needed boxes are cut into pieces outside the held ones."""
+    needed = tuple(dict.fromkeys(needed))
+    if _disjoint(needed) and _disjoint(held):
+        return sum(_outside(q, held) for q in needed)
+    return _cut_away(needed, held)
+
+
+def _cut_away(needed: tuple[Region, ...], held: tuple[Region, ...]) -> int:
+    """`uncovered_volume` for any boxes: each needed box cut into pieces outside the held
+    boxes and the pieces kept so far."""
     parts: list[Region] = []
     for q in dict.fromkeys(needed):
         todo = [q]

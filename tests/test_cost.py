@@ -1,6 +1,7 @@
 """The cost model: named compute terms, and edge prices that are the exchange synthesiser's."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -186,3 +187,46 @@ def test_weights_in_one_batch_pay_latency_and_messages_once():
     assert price.seconds - price.batched_s == pytest.approx(fixed)
     nccl = synthetic(4)  # no per-message price: weights stream per op, nothing is batched
     assert EdgePricer(nccl, workers=1).price(info, pieces, needs, None).batched_s is None
+
+
+def _grid_boxes(draw, shape, st):
+    """The blocks of a random grid over `shape` (disjoint), each kept or not."""
+    cuts = [sorted(set(draw(st.lists(st.integers(1, n - 1), max_size=3))) | {0, n})
+            if n > 1 else [0, n] for n in shape]
+    boxes = [tuple(zip(lo, hi)) for lo, hi in zip(
+        itertools.product(*[c[:-1] for c in cuts]), itertools.product(*[c[1:] for c in cuts]))]
+    return tuple(b for b in boxes if draw(st.booleans()))
+
+
+def test_uncovered_volume_counts_the_points_outside():
+    # The disjoint fast path and the general cutting agree with counting points one by one,
+    # on grids (disjoint blocks, as layouts give) and on boxes that overlap.
+    import numpy as np
+    from hypothesis import given, settings, strategies as st
+    from einsummable.bound import _cut_away, uncovered_volume
+
+    @st.composite
+    def case(draw):
+        shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+        def box():
+            return tuple(tuple(sorted(draw(st.tuples(st.integers(0, n), st.integers(0, n)))))
+                         for n in shape)
+        held = _grid_boxes(draw, shape, st) if draw(st.booleans()) else \
+            tuple(box() for _ in range(draw(st.integers(0, 4))))
+        needed = _grid_boxes(draw, shape, st) if draw(st.booleans()) else \
+            tuple(box() for _ in range(draw(st.integers(1, 4))))
+        return shape, needed, held
+
+    @settings(max_examples=300, deadline=None)
+    @given(case())
+    def check(c):
+        shape, needed, held = c
+        want, have = np.zeros(shape, bool), np.zeros(shape, bool)
+        for q in needed:
+            want[tuple(slice(a, b) for a, b in q)] = True
+        for h in held:
+            have[tuple(slice(a, b) for a, b in h)] = True
+        points = int((want & ~have).sum())
+        assert uncovered_volume(needed, held) == points
+        assert _cut_away(needed, held) == points
+    check()
