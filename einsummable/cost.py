@@ -141,6 +141,10 @@ class FastTopology:
 
     def __init__(self, topology) -> None:
         self._t = topology
+        # the fields the synthesiser reads per transfer, held here rather than forwarded
+        # by __getattr__ on every read (the memo dict is the topology's own, shared)
+        self._cache = getattr(topology, "_cache", None)
+        self.devices = topology.devices
         self._link: dict = {}
         self._hops: dict = {}
         self._direct: dict = {}

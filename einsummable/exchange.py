@@ -592,12 +592,19 @@ def link_bytes(ex: Exchange, topology) -> dict[tuple[int, int], int]:
     return out
 
 
-def _route_terms(topology, hops: tuple[int, ...]) -> tuple[float, tuple[tuple[str, float], ...]]:
+def _route_memo(topology) -> dict:
+    cache = getattr(topology, "_cache", None)
+    return cache.setdefault("exchange-route-terms", {}) if isinstance(cache, dict) else {}
+
+
+def _route_terms(topology, hops: tuple[int, ...], memo: dict | None = None
+                 ) -> tuple[float, tuple[tuple[str, float], ...]]:
     """Latency of a route and every (resource, bandwidth) its bytes load: each link's own
     medium, and the egress/ingress ports of the devices at its ends where the topology gives
-    a per-device port limit (NVSwitch, NVLink lanes, NICs). Memoised per topology instance."""
-    cache = getattr(topology, "_cache", None)
-    memo = cache.setdefault("exchange-route-terms", {}) if isinstance(cache, dict) else {}
+    a per-device port limit (NVSwitch, NVLink lanes, NICs). Memoised per topology instance
+    (`memo`: that memo, fetched once by a caller that asks for many routes)."""
+    if memo is None:
+        memo = _route_memo(topology)
     hit = memo.get(hops)
     if hit is None:
         links = [topology.link(a, c) for a, c in zip(hops, hops[1:])]
@@ -629,18 +636,22 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     one batch, `coalesce.weights_in_one_batch`): the same sum without those two terms."""
     if not ex:
         return 0.0
+    memo = _route_memo(topology)
     by_round: dict[int, dict[tuple[int, ...], None]] = {}
     load: dict[int, dict[str, float]] = {}
     bw: dict[int, dict[str, float]] = {}
     for t in ex.transfers:
-        if len(t.hops) < 2:
+        hops = t.hops
+        if len(hops) < 2:
             continue
         rnd = t.round
-        by_round.setdefault(rnd, {})[t.hops] = None
+        by_round.setdefault(rnd, {})[hops] = None
         ld = load.setdefault(rnd, {})
         bb = bw.setdefault(rnd, {})
-        for res, b in _route_terms(topology, t.hops)[1]:
-            ld[res] = ld.get(res, 0.0) + t.nbytes
+        terms = memo.get(hops) or _route_terms(topology, hops, memo)
+        nbytes = t.nbytes
+        for res, b in terms[1]:
+            ld[res] = ld.get(res, 0.0) + nbytes
             if b < bb.get(res, math.inf):
                 bb[res] = b
     reduce_s: dict[int, dict[int, float]] = {}
@@ -654,11 +665,11 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     total = 0.0
     for rnd in sorted(set(by_round) | set(reduce_s)):
         ld, bb = load.get(rnd, {}), bw.get(rnd, {})
+        busy = {res: x / bb[res] for res, x in ld.items()}  # seconds each resource is loaded
         wire = 0.0
         for hops in by_round.get(rnd, ()):
-            latency, terms = _route_terms(topology, hops)
-            wire = max(wire, (0.0 if batched else latency)
-                       + max(ld[res] / bb[res] for res, _ in terms))
+            latency, terms = memo[hops]
+            wire = max(wire, (0.0 if batched else latency) + max(busy[res] for res, _ in terms))
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
         total += wire + fold + (0.0 if batched else
                                 message_time(by_round.get(rnd, ()), topology))
