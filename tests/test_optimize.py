@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 
 import pytest
 
@@ -220,7 +221,6 @@ def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
 
 
 def test_pricing_stops_at_its_deadline():
-    import time
     topo = load_topology("h100x8x2")
     model = O.build_model(_mlp(4096, d=1024, f=4096), topo, O.Options("sharded", True))
     cells = [e.matrix.short(r, s) for e in model.edges
