@@ -204,6 +204,9 @@ class EdgePricer:
     _full: dict = field(default_factory=dict)   # id -> that tuple
     calls: int = 0
     workers: int | None = None  # None: the CPUs this process may use
+    # CPU seconds spent pricing and the pairs they priced (`predict_s`)
+    spent_s: float = 0.0
+    spent_pairs: int = 0
 
     def __post_init__(self) -> None:
         self.fast = self.topology if isinstance(self.topology, FastTopology) \
@@ -237,9 +240,23 @@ class EdgePricer:
         hit = self._memo.get(short)
         if hit is None:
             self.calls += 1
+            t0 = time.perf_counter()
             hit = _price(self._long(short), self.fast, self.model.exchange_mode)
+            self.spent_s += time.perf_counter() - t0
+            self.spent_pairs += 1
             self._memo[short] = hit
         return hit
+
+    def _workers_for(self, n: int) -> int:
+        workers = self.workers if self.workers is not None else _cpus()
+        return 1 if n < PARALLEL_MIN_PAIRS or workers < 2 or not _can_fork() else workers
+
+    def predict_s(self, n: int) -> float:
+        """Wall seconds to price n more pairs at the mean CPU cost of those priced so far
+        (infinite before any): for choosing between pricing now and solving again."""
+        if not self.spent_pairs:
+            return math.inf
+        return n * self.spent_s / self.spent_pairs / self._workers_for(n)
 
     def known(self, key: tuple) -> EdgeCost | None:
         """The price of a full key (`key`) already priced, else None (prices nothing)."""
@@ -261,8 +278,8 @@ class EdgePricer:
         first wave of work that ends past it, leaving the rest unpriced. Returns how many it
         priced."""
         todo = [k for k in dict.fromkeys(shorts) if k not in self._memo]
-        workers = self.workers if self.workers is not None else _cpus()
-        if len(todo) < PARALLEL_MIN_PAIRS or workers < 2 or not _can_fork():
+        workers = self._workers_for(len(todo))
+        if workers == 1:
             for i, k in enumerate(todo):
                 if deadline is not None and time.perf_counter() >= deadline:
                     return i
@@ -273,6 +290,7 @@ class EdgePricer:
         waves = [chunks[i:i + workers] for i in range(0, len(chunks), workers)] \
             if deadline is not None else [chunks]
         done = 0
+        t0 = time.perf_counter()
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(self.fast.base, self.model.exchange_mode)) as pool:
@@ -285,6 +303,8 @@ class EdgePricer:
                         self.calls += 1
                         self._memo[k] = v
                     done += len(chunk)
+        self.spent_s += (time.perf_counter() - t0) * workers
+        self.spent_pairs += done
         return done
 
 

@@ -593,7 +593,8 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     cut bound lets every NIC carry its share, which the synthesis reaches only in part) rounds
     could go on for long, so after `LAZY_ROUNDS` solves every cell that could still be in a
     plan no worse than the current one is priced (`hopeful_cells`), and the next solve is
-    exact.
+    exact. That happens after an earlier solve already when pricing those cells is predicted
+    (`EdgePricer.predict_s`) to take no longer than the solve did.
 
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
     lowest bound first until one more solve would not fit, and no solve starts with less than
@@ -630,11 +631,15 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
             best = (exact, sol.assignment)
         out_of_time = sol.status != "optimal" or (
             deadline is not None and time.perf_counter() >= deadline)
-        if rounds >= LAZY_ROUNDS and not out_of_time:
-            # stop pricing in time for one more solve like the last, which uses the prices
-            _price_logged(model, hopeful_cells(model, best[0]),
-                          f"cells that could be in a plan <= {best[0]:.6g} s",
-                          None if deadline is None else deadline - solve_s)
+        if not out_of_time:
+            hopeful = hopeful_cells(model, best[0])
+            # price them once rounds have not converged, or as soon as that is predicted to
+            # take no longer than the solve just made (where pricing is cheap, one exact solve
+            # beats more rounds); stop in time for one more solve, which uses the prices
+            if rounds >= LAZY_ROUNDS or model.pricer.predict_s(len(hopeful)) <= solve_s:
+                _price_logged(model, hopeful,
+                              f"cells that could be in a plan <= {best[0]:.6g} s",
+                              None if deadline is None else deadline - solve_s)
         warm = best[1]
         if deadline is not None and not out_of_time:
             # a solve with too little of the last one's time left would end past the limit

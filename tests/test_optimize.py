@@ -10,6 +10,7 @@ import pytest
 import formulations as fm
 from einsummable.builder import Builder
 from einsummable.candidates import OpCandidates, graph_candidates
+from einsummable.cost import EdgePricer
 from einsummable.errors import PlanError
 from einsummable.plan import Plan
 from einsummable.topology import load_topology, synthetic
@@ -231,6 +232,24 @@ def test_pricing_stops_at_its_deadline():
     assert all(model.pricer.known_short(c) is None for c in todo)
     assert model.pricer.prefetch_short(todo[:50], deadline=time.perf_counter() + 600) == 50
     assert all(model.pricer.known_short(c) is not None for c in todo[:50])
+
+
+def test_pricing_time_is_predicted_from_what_was_priced():
+    topo = load_topology("h100x8x2")
+    model = O.build_model(_mlp(4096, d=1024, f=4096), topo, O.Options("sharded", True))
+    pricer = model.pricer
+    pricer.workers = 2
+    spent = pricer.spent_pairs
+    cells = [e.matrix.short(r, s) for e in model.edges
+             for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1])]
+    todo = [c for c in dict.fromkeys(cells) if pricer.known_short(c) is None][:20]
+    for c in todo:
+        pricer.price_short(c)
+    assert pricer.spent_pairs == spent + 20 and pricer.spent_s > 0
+    mean = pricer.spent_s / pricer.spent_pairs
+    assert pricer.predict_s(10) == pytest.approx(10 * mean)        # one process
+    assert pricer.predict_s(1000) == pytest.approx(1000 * mean / 2)  # the worker pool
+    assert EdgePricer(topo).predict_s(10) == float("inf")  # nothing priced yet
 
 
 @pytest.mark.slow  # minutes: every edge of a 7B block on 16 devices is priced
