@@ -30,7 +30,7 @@ from typing import Sequence
 from .ir import DTYPE_BYTES
 from .placement import Piece
 from .exchange import subtract, volume
-from .spec import Region
+from .spec import Region, intersect
 
 Needs = Sequence[tuple[Region, int]]
 
@@ -38,27 +38,14 @@ Needs = Sequence[tuple[Region, int]]
 @lru_cache(maxsize=1 << 16)
 def _disjoint(regions: tuple[Region, ...]) -> bool:
     """No two of the boxes meet (the blocks of one layout, as a rule)."""
-    for i, a in enumerate(regions):
-        for b in regions[i + 1:]:
-            if all(a0 < b1 and b0 < a1 for (a0, a1), (b0, b1) in zip(a, b)):
-                return False
-    return True
-
-
-def _overlap(a: Region, b: Region) -> int:
-    out = 1
-    for (a0, a1), (b0, b1) in zip(a, b):
-        lo, hi = max(a0, b0), min(a1, b1)
-        if hi <= lo:
-            return 0
-        out *= hi - lo
-    return out
+    return all(intersect(a, b) is None
+               for i, a in enumerate(regions) for b in regions[i + 1:])
 
 
 @lru_cache(maxsize=1 << 18)
 def _outside(q: Region, held: tuple[Region, ...]) -> int:
     """Volume of box q outside disjoint boxes `held` (one box recurs in many needs)."""
-    return volume(q) - sum(_overlap(q, h) for h in held)
+    return volume(q) - sum(volume(cut) for h in held if (cut := intersect(q, h)) is not None)
 
 
 @lru_cache(maxsize=1 << 16)

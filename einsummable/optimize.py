@@ -542,8 +542,8 @@ def floor_s(model: Model) -> float:
 
 def hopeful_cells(model: Model, upper: float) -> list[tuple]:
     """Unpriced cells that could be in a plan of objective <= `upper` (a plan's exact cost):
-    those whose own bound plus the least compute (or unary cost) of every node does not
-    exceed it. The others keep their bounds in the MIP: any choice using one costs more than
+    those whose own bound plus `floor_s` (every node's least unary cost) does not exceed
+    it. The others keep their bounds in the MIP: any choice using one costs more than
     `upper` on the bounds alone, so an optimal solve never picks it (and `solve_lazily`
     checks that it did not). Lowest bound first: the order to price them in when time is
     short."""
@@ -608,8 +608,9 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     best: tuple[float, Mapping[str, int]] | None = None  # least exact objective seen, its plan
     if warm_start:
         best = (model.objective(warm_start), warm_start)
-    bound = floor_s(model)  # the best bound proved on the exact problem (a solve cut short
-    # before its root relaxation proves none)
+    # the best bound proved on the exact problem; the floor holds even where a solve is cut
+    # short before its root relaxation proves one
+    bound = floor_s(model)
     while True:
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
