@@ -72,6 +72,9 @@ HOPEFUL_MARGIN = 1e-9
 # Under a time limit, another solve starts only with at least this share of the last solve's
 # wall time left (model building is outside the solver's own limit).
 MIN_SOLVE_SHARE = 0.5
+# The last solve under a time limit charges every unpriced cell this multiple of the best exact
+# plan's cost, so that it keeps to priced cells (see `solve_lazily`).
+PRICED_ONLY_PENALTY = 1.01
 
 
 @dataclass(frozen=True)
@@ -491,10 +494,11 @@ def peak_memory(model: "Model", choice: Mapping[str, int]) -> tuple[float, ...]:
 # --------------------------------------------------------------------------- the MIP
 
 def to_problem(model: Model, warm_start: Mapping[str, int] | None = None, *,
-               exact: bool = True):
+               exact: bool = True, unpriced_penalty: float = 0.0):
     """The generic pairwise-choice problem of `formulations` (module docstring). `exact`
     prices every edge cell first; else unpriced cells carry their lower bound (the form
-    `solve_lazily` solves)."""
+    `solve_lazily` solves) plus `unpriced_penalty` seconds (`solve_lazily`'s last solve under
+    a time limit, which keeps to priced cells)."""
     import formulations as fm
     if exact:
         price_all(model)
@@ -502,11 +506,23 @@ def to_problem(model: Model, warm_start: Mapping[str, int] | None = None, *,
     for k, oc in model.nodes.items():
         mem = model.memory[k] if model.memory is not None else None
         nodes.append(fm.Node(k, tuple(model.unary(k, c) for c in range(len(oc.cands))), mem))
-    edges = [fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row)
-                                         for row in e.matrix.estimates()),
-                     e.rows, e.cols) for e in model.edges]
+    edges = []
+    for e in model.edges:
+        pen = unpriced_penalties(e.matrix, unpriced_penalty)
+        edges.append(fm.Edge(e.src, e.dst, tuple(
+            tuple(x.seconds + p for x, p in zip(row, prow))
+            for row, prow in zip(e.matrix.estimates(), pen)), e.rows, e.cols))
     return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
                       warm_start=dict(warm_start) if warm_start else None)
+
+
+def unpriced_penalties(matrix: EdgeMatrix, penalty: float) -> tuple[tuple[float, ...], ...]:
+    """Per cell: `penalty` where the cell is not priced yet, else 0."""
+    R, S = matrix.shape
+    if not penalty:
+        return ((0.0,) * S,) * R
+    return tuple(tuple(0.0 if matrix.priced(r, s) else penalty for s in range(S))
+                 for r in range(R))
 
 
 def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str = "highs",
@@ -520,7 +536,8 @@ def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str 
         from . import overlap
         return overlap.solve(model, solve, incumbents=tuple(incumbents),
                              time_limit_s=time_limit_s)
-    return solve(lambda w: to_problem(model, w, exact=False), warm_start, time_limit_s)
+    return solve(lambda w, pen: to_problem(model, w, exact=False, unpriced_penalty=pen),
+                 warm_start, time_limit_s)
 
 
 def price_all(model: Model) -> None:
@@ -598,9 +615,13 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
 
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
     lowest bound first until one more solve would not fit, and no solve starts with less than
-    `MIN_SOLVE_SHARE` of the last one's time left). Out of time, the answer is the best plan whose
-    cost is exact (the warm start's, or a round's solution once its cells are priced), with
-    the best round bound as its bound: status "time_limit" and an honest gap."""
+    `MIN_SOLVE_SHARE` of the last one's time left). When the deadline cuts that pricing short,
+    the last solve keeps to priced cells (every unpriced one costs more than the best exact
+    plan, `unpriced_penalty`), so its answer is a plan whose cost is exact; that solve's bound
+    is not one on the real problem and is not used. Out of time, the answer is the best plan
+    whose cost is exact (the warm start's, a round's solution once its cells are priced, or
+    that last solve's), with the best round bound as its bound: status "time_limit" and an
+    honest gap. `make_problem(warm_start, unpriced_penalty)` builds the problem."""
     t0 = time.perf_counter()
     deadline = None if time_limit_s is None else t0 + time_limit_s
     warm = warm_start
@@ -611,26 +632,31 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     # the best bound proved on the exact problem; the floor holds even where a solve is cut
     # short before its root relaxation proves one
     bound = floor_s(model)
+    priced_only = False  # the last solve: unpriced cells out of reach
     while True:
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             left = 1e-3  # one more (short) solve returns the incumbent found so far
+        # more than the best exact plan costs: an optimal solve never uses an unpriced cell
+        # (and not much more: the solver scales costs by the largest one)
+        penalty = PRICED_ONLY_PENALTY * best[0] if priced_only and best is not None else 0.0
         t_solve = time.perf_counter()
-        sol = solve_problem(make_problem(warm), left)
+        sol = solve_problem(make_problem(warm, penalty), left)
         solve_s = time.perf_counter() - t_solve
         todo = unpriced(model, sol.assignment)
-        log.info("solve %d: objective %.6g s on the estimates, bound %.6g s, %.2f s; "
-                 "%d cells it uses unpriced", rounds + 1, sol.objective, sol.bound,
-                 solve_s, len(todo))
-        if not todo and sol.status == "optimal":
+        log.info("solve %d%s: objective %.6g s on the estimates, bound %.6g s, %.2f s; "
+                 "%d cells it uses unpriced", rounds + 1, " (priced cells only)" * priced_only,
+                 sol.objective, sol.bound, solve_s, len(todo))
+        if not todo and sol.status == "optimal" and not penalty:
             return sol
         rounds += 1
         _price_logged(model, todo, "the solution's cells")
-        bound = max(bound, sol.bound)
+        if not penalty:
+            bound = max(bound, sol.bound)
         exact = model.objective(sol.assignment)
         if best is None or exact < best[0]:
             best = (exact, sol.assignment)
-        out_of_time = sol.status != "optimal" or (
+        out_of_time = sol.status != "optimal" or priced_only or (
             deadline is not None and time.perf_counter() >= deadline)
         if not out_of_time:
             hopeful = hopeful_cells(model, best[0])
@@ -638,9 +664,10 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
             # take no longer than the solve just made (where pricing is cheap, one exact solve
             # beats more rounds); stop in time for one more solve, which uses the prices
             if rounds >= LAZY_ROUNDS or model.pricer.predict_s(len(hopeful)) <= solve_s:
-                _price_logged(model, hopeful,
-                              f"cells that could be in a plan <= {best[0]:.6g} s",
-                              None if deadline is None else deadline - solve_s)
+                done = _price_logged(model, hopeful,
+                                     f"cells that could be in a plan <= {best[0]:.6g} s",
+                                     None if deadline is None else deadline - solve_s)
+                priced_only = done < len(hopeful)
         warm = best[1]
         if deadline is not None and not out_of_time:
             # a solve with too little of the last one's time left would end past the limit
@@ -656,11 +683,12 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
 
 
 def _price_logged(model: Model, cells: list[tuple], what: str,
-                  deadline: float | None = None) -> None:
+                  deadline: float | None = None) -> int:
     t0 = time.perf_counter()
     done = model.pricer.prefetch_short(cells, deadline)
     log.info("priced %d %s in %.2f s%s", done, what, time.perf_counter() - t0,
              "" if done >= len(cells) else f" ({len(cells) - done} left: out of time)")
+    return done
 
 
 def _solve_problem(problem, time_limit_s: float | None, solver: str):

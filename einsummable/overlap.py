@@ -64,12 +64,15 @@ def split(model, choice: Mapping[str, int]) -> Split:
     return Split(a, c, w)
 
 
-def overlap_problem(model, warm_start: Mapping[str, int] | None):
+def overlap_problem(model, warm_start: Mapping[str, int] | None,
+                    unpriced_penalty: float = 0.0):
     """The pairwise problem of T: A as plain costs, C and W as the two overlapping parts
     (formulations.Problem: objective = plain + max(part 0, part 1)). Unpriced edge cells carry
     their estimates, which are at most the exact seconds and local seconds, so every part,
-    and T (non-decreasing in each), is at most its exact value."""
+    and T (non-decreasing in each), is at most its exact value; `unpriced_penalty` seconds
+    join their plain cost (`optimize.solve_lazily`'s last solve under a time limit)."""
     import formulations as fm
+    from .optimize import unpriced_penalties
     nodes = []
     for k, oc in model.nodes.items():
         mem = model.memory[k] if model.memory is not None else None
@@ -81,14 +84,15 @@ def overlap_problem(model, warm_start: Mapping[str, int] | None):
     edges = []
     for e in model.edges:
         cells = e.matrix.estimates()
+        pen = unpriced_penalties(e.matrix, unpriced_penalty)
         if is_weight_edge(model, e):
-            zero = tuple(tuple(0.0 for _ in row) for row in cells)
             local = tuple(tuple(x.local_s for x in row) for row in cells)
             wire = tuple(tuple(x.in_batch_s - x.local_s for x in row) for row in cells)
-            edges.append(fm.Edge(e.src, e.dst, zero, e.rows, e.cols, (local, wire)))
+            edges.append(fm.Edge(e.src, e.dst, pen, e.rows, e.cols, (local, wire)))
         else:
-            edges.append(fm.Edge(e.src, e.dst, tuple(tuple(x.seconds for x in row)
-                                                     for row in cells), e.rows, e.cols))
+            edges.append(fm.Edge(e.src, e.dst, tuple(
+                tuple(x.seconds + p for x, p in zip(row, prow))
+                for row, prow in zip(cells, pen)), e.rows, e.cols))
     return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
                       warm_start=dict(warm_start) if warm_start else None)
 
@@ -97,7 +101,8 @@ def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (
           time_limit_s: float | None = None):
     """Minimise T over the model's choices: one MIP (`overlap_problem`), its max as an
     epigraph variable. `solve_problem(make, warm_start, time_limit_s)` solves the problem
-    `make(warm_start)` builds (optimize.solve_lazily with the caller's solver settings).
+    `make(warm_start, unpriced_penalty)` builds (optimize.solve_lazily with the caller's
+    solver settings).
     `incumbents` (e.g. the named strategies) are scored with T; the best warm-starts the
     solve, and the result is never worse than any of them."""
     from .errors import SolverError
@@ -108,7 +113,7 @@ def solve(model, solve_problem, *, incumbents: tuple[Mapping[str, int], ...] = (
         t = split(model, inc).total_s
         if best is None or t < best[0]:
             best = (t, dict(inc))
-    sol = solve_problem(lambda warm: overlap_problem(model, warm),
+    sol = solve_problem(lambda warm, pen: overlap_problem(model, warm, pen),
                         best[1] if best else None, time_limit_s)
     t = split(model, sol.assignment).total_s  # the same sums, in the order plans are scored
     if best is None or t < best[0]:

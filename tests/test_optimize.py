@@ -116,6 +116,55 @@ def test_lazy_pricing_after_its_rounds_prices_only_hopeful_cells_and_stays_exact
     assert left_unpriced > 0  # some cells never needed a synthesis
 
 
+def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypatch):
+    # A deadline that stops the pricing of the hopeful cells halfway (emulated: the pricer
+    # prices half of them) makes the next solve the last, over priced cells only. Its answer
+    # is the best plan among those whose every cell is priced, at its exact cost, and the
+    # bound still holds for the exhaustive optimum over all cells.
+    monkeypatch.setattr(O, "LAZY_ROUNDS", 1)
+    rng = random.Random(11)
+    topos = [(n, f()) for n, f in TOPOLOGIES]
+    cut_short = 0
+    for trial in range(40):
+        name, topo = topos[trial % len(topos)]
+        g = _random_graph(rng)
+        opts = O.Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
+        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
+        model = O.build_model(g, topo, opts, nodes)
+        full = model.pricer.prefetch_short
+
+        def half(shorts, deadline=None, full=full):
+            if deadline is None or len(shorts) < 2:
+                return full(shorts, deadline)
+            return full(shorts[:len(shorts) // 2], None)
+        monkeypatch.setattr(model.pricer, "prefetch_short", half)
+        warm, _ = O.named_assignment(model, "megatron-tp")
+        sol = O.solve_model(model, time_limit_s=600, warm_start=warm)
+        priced = {e.matrix.short(r, s) for e in model.edges for r in range(e.matrix.shape[0])
+                  for s in range(e.matrix.shape[1]) if e.matrix.priced(r, s)}
+        assert all(e.matrix.short(*e.cell(sol.assignment)) in priced for e in model.edges)
+        assert sol.objective == pytest.approx(model.objective(sol.assignment), rel=1e-9)
+        keys = list(model.nodes)
+        problem = O.to_problem(model)
+        best_all = best_priced = float("inf")
+        for combo in __import__("itertools").product(
+                *(range(len(model.nodes[k].cands)) for k in keys)):
+            choice = dict(zip(keys, combo))
+            if fm.violations(problem, choice):
+                continue
+            cost = model.objective(choice)
+            best_all = min(best_all, cost)
+            if all(e.matrix.short(*e.cell(choice)) in priced for e in model.edges):
+                best_priced = min(best_priced, cost)
+        assert sol.bound <= best_all * (1 + 1e-9), (trial, name)
+        if sol.status == "time_limit":
+            cut_short += 1
+            assert sol.objective == pytest.approx(best_priced, rel=1e-6, abs=1e-15), (trial, name)
+        else:  # every hopeful cell fit: the exact optimum
+            assert sol.objective == pytest.approx(best_all, rel=1e-6, abs=1e-15), (trial, name)
+    assert cut_short >= 5
+
+
 def _mlp(tokens, d=4096, f=16384):
     b = Builder("float16")
     x = b.input("x", (tokens, d))
