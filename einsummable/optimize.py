@@ -616,7 +616,7 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
     lowest bound first until one more solve would not fit, and no solve starts with less than
     `MIN_SOLVE_SHARE` of the last one's time left). When the deadline cuts that pricing short,
-    the last solve keeps to priced cells (every unpriced one costs more than the best exact
+    or leaves room for one more solve only, the last solve keeps to priced cells (every unpriced one costs more than the best exact
     plan, `unpriced_penalty`), so its answer is a plan whose cost is exact; that solve's bound
     is not one on the real problem and is not used. Out of time, the answer is the best plan
     whose cost is exact (the warm start's, a round's solution once its cells are priced, or
@@ -633,6 +633,7 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     # short before its root relaxation proves one
     bound = floor_s(model)
     priced_only = False  # the last solve: unpriced cells out of reach
+    exact_next = False  # every hopeful cell is priced: the next solve is exact
     while True:
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
@@ -668,10 +669,14 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
                                      f"cells that could be in a plan <= {best[0]:.6g} s",
                                      None if deadline is None else deadline - solve_s)
                 priced_only = done < len(hopeful)
+                exact_next = not priced_only
         warm = best[1]
         if deadline is not None and not out_of_time:
-            # a solve with too little of the last one's time left would end past the limit
-            out_of_time = deadline - time.perf_counter() < MIN_SOLVE_SHARE * solve_s
+            left = deadline - time.perf_counter()
+            # a solve with too little of the last one's time left would end past the limit;
+            # with room for one more only, make it the last, over priced cells
+            out_of_time = left < MIN_SOLVE_SHARE * solve_s
+            priced_only = priced_only or (left < 2 * solve_s and not exact_next)
         if out_of_time:
             from formulations.problem import gap_of
             obj = best[0]
