@@ -635,14 +635,15 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     priced_only = False  # the last solve: unpriced cells out of reach
     exact_next = False  # every hopeful cell is priced: the next solve is exact
     while True:
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left <= 0:
-            left = 1e-3  # one more (short) solve returns the incumbent found so far
         # more than the best exact plan costs: an optimal solve never uses an unpriced cell
         # (and not much more: the solver scales costs by the largest one)
         penalty = PRICED_ONLY_PENALTY * best[0] if priced_only and best is not None else 0.0
         t_solve = time.perf_counter()
-        sol = solve_problem(make_problem(warm, penalty), left)
+        problem = make_problem(warm, penalty)
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0:
+            left = 1e-3  # one more (short) solve returns the incumbent found so far
+        sol = solve_problem(problem, left)
         solve_s = time.perf_counter() - t_solve
         todo = unpriced(model, sol.assignment)
         log.info("solve %d%s: objective %.6g s on the estimates, bound %.6g s, %.2f s; "

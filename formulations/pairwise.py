@@ -56,6 +56,8 @@ _SEED = 0
 # Objectives are scaled to at most 1 per term; a returned solution whose objective differs from
 # the reported one by more than this is not the solution HiGHS found.
 STALE_TOL = 1e-6
+# The least time limit handed to HiGHS (it needs a positive one to return its incumbent).
+MIN_SOLVER_S = 1e-3
 
 
 @contextlib.contextmanager
@@ -74,9 +76,11 @@ def _quiet_stdout():
 class _HiGHS(pulp.HiGHS):
     """pulp.HiGHS (in-process highspy) plus a MIP start and a guard for runs with no solution."""
 
-    def __init__(self, start: list[tuple[pulp.LpVariable, float]] | None = None, **kwargs) -> None:
+    def __init__(self, start: list[tuple[pulp.LpVariable, float]] | None = None,
+                 deadline: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self._start = start
+        self._deadline = deadline  # time.perf_counter() by which the solve must end
 
     def createAndConfigureSolver(self, lp) -> None:
         if self.msg:
@@ -87,6 +91,11 @@ class _HiGHS(pulp.HiGHS):
             super().createAndConfigureSolver(lp)
 
     def callSolver(self, lp) -> None:
+        if self._deadline is not None:
+            # PuLP hands the model to HiGHS first (seconds for large models): what is left
+            # of the budget is HiGHS's own limit
+            left = self._deadline - time.perf_counter()
+            lp.solverModel.setOptionValue("time_limit", max(MIN_SOLVER_S, left))
         if self._start:
             import highspy
 
@@ -234,8 +243,9 @@ def _run(lp: pulp.LpProblem, solver: str, time_limit_s, threads, msg, start) -> 
     if solver == "highs":
         if not pulp.HiGHS().available():
             raise SolveFailed("HiGHS (highspy) is not installed; pip install highspy or use solver='cbc'")
-        s = _HiGHS(start=start, msg=msg, timeLimit=time_limit_s, threads=threads,
-                   gapRel=0.0, gapAbs=0.0, random_seed=_SEED)
+        deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+        s = _HiGHS(start=start, deadline=deadline, msg=msg, timeLimit=time_limit_s,
+                   threads=threads, gapRel=0.0, gapAbs=0.0, random_seed=_SEED)
         lp.solve(s)
         import highspy
 
@@ -243,7 +253,8 @@ def _run(lp: pulp.LpProblem, solver: str, time_limit_s, threads, msg, start) -> 
         if start and _stale(lp, h):
             # HiGHS may report an optimum it found in presolve yet hand back the MIP start's
             # values; solve again without the start (rare: tiny problems)
-            lp.solve(_HiGHS(start=None, msg=msg, timeLimit=time_limit_s, threads=threads,
+            lp.solve(_HiGHS(start=None, deadline=deadline, msg=msg, timeLimit=time_limit_s,
+                            threads=threads,
                             gapRel=0.0, gapAbs=0.0, random_seed=_SEED))
             h = lp.solverModel
         st = h.getModelStatus()
