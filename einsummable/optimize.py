@@ -557,11 +557,13 @@ def floor_s(model: Model) -> float:
                for k, oc in model.nodes.items())
 
 
-def hopeful_cells(model: Model, upper: float) -> list[tuple]:
+def hopeful_cells(model: Model, upper: float,
+                  lp_bounds: Mapping[tuple, float] | None = None) -> list[tuple]:
     """Unpriced cells that could be in a plan of objective <= `upper` (a plan's exact cost):
     those whose own bound plus `floor_s` (every node's least unary cost) does not exceed
-    it. The others keep their bounds in the MIP: any choice using one costs more than
-    `upper` on the bounds alone, so an optimal solve never picks it (and `solve_lazily`
+    it, nor does their bound from the LP relaxation (`lp_bounds`, `lp_cell_bounds`) where
+    one is given. The others keep their bounds in the MIP: any choice using one costs more
+    than `upper` on the bounds alone, so an optimal solve never picks it (and `solve_lazily`
     checks that it did not). Lowest bound first: the order to price them in when time is
     short."""
     from .overlap import is_weight_edge
@@ -585,8 +587,81 @@ def hopeful_cells(model: Model, upper: float) -> list[tuple]:
                     lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):
                     key = e.matrix.short(r, s_)
+                    if lp_bounds is not None and lp_bounds.get(key, lb) > slack:
+                        continue
                     out[key] = min(lb, out.get(key, lb))
     return sorted(out, key=out.__getitem__)
+
+
+def lp_cell_bounds(model: Model, lp) -> dict[tuple, float]:
+    """Per pricer key, the least LP bound (`formulations.relax`) over the cells it prices:
+    no plan using that key's cell costs less."""
+    out: dict[tuple, float] = {}
+    for j, e in enumerate(model.edges):
+        b = lp.bounds(j)
+        R, S = e.matrix.shape
+        for r in range(R):
+            for s_ in range(S):
+                key = e.matrix.short(r, s_)
+                v = float(b[r, s_])
+                if v < out.get(key, float("inf")):
+                    out[key] = v
+    return out
+
+
+def cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | None]:
+    """A cell's coefficients in the problem `solve_model` solves, for edge cost x: its plain
+    seconds, and with overlap its (compute, weights) parts (`overlap.cell_terms`)."""
+    if model.options.overlap:
+        from .overlap import cell_terms as overlap_terms
+        return overlap_terms(model, e, x)
+    return x.seconds, None
+
+
+def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
+    """Price what the LP relaxation uses until it uses priced cells only (column generation):
+    solve the LP on the estimates, price the unpriced cells its solution uses, re-solve from
+    the last basis, until none is left or the clock passes `stop_at`. Each round's value is a
+    lower bound on every plan (estimates never exceed the costs), and where the LP is tight,
+    as the pairwise relaxation of these models is once its cells are priced, the cells it
+    ends on are the ones the best plans use: a few hundred where the rounds of MIP solves
+    would price thousands. Returns the last `formulations.relax.LpResult` and whether it
+    converged, or None where the LP could not be solved."""
+    from formulations.errors import SolveFailed
+    from formulations.relax import Relaxation
+    try:
+        relax = Relaxation(make_problem(None, 0.0), upper)
+        where: dict[tuple, list[tuple[int, int, int]]] = {}  # pricer key -> its cells
+        for j, e in enumerate(model.edges):
+            if relax.ycols[j] is None:
+                continue
+            R, S = e.matrix.shape
+            for r in range(R):
+                for s_ in range(S):
+                    where.setdefault(e.matrix.short(r, s_), []).append((j, r, s_))
+        rounds = 0
+        while True:
+            res = relax.solve()
+            rounds += 1
+            todo: dict[tuple, None] = {}
+            for j, e in enumerate(model.edges):
+                for r, s_ in res.support(j):
+                    if not e.matrix.priced(r, s_):
+                        todo[e.matrix.short(r, s_)] = None
+            if not todo or time.perf_counter() >= stop_at:
+                log.info("LP relaxation: %d rounds, bound %.6g s%s", rounds, res.value,
+                         "" if not todo else f" ({len(todo)} cells it uses left unpriced)")
+                return res, not todo
+            model.pricer.prefetch_short(list(todo), stop_at)
+            for key in todo:
+                x = model.pricer.known_short(key)
+                if x is None:  # out of time before it was priced
+                    continue
+                for j, r, s_ in where[key]:
+                    relax.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
+    except SolveFailed as exc:
+        log.info("LP relaxation failed (%s); the MIP rounds go on without it", exc)
+        return None
 
 
 def unpriced(model: Model, choice: Mapping[str, int]) -> list[tuple]:
@@ -633,6 +708,7 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     # short before its root relaxation proves one
     bound = floor_s(model)
     priced_only = False  # the last solve: unpriced cells out of reach
+    lp_bounds: dict[tuple, float] | None = None  # from the LP relaxation, once it ran
     exact_next = False  # every hopeful cell is priced: the next solve is exact
     while True:
         # more than the best exact plan costs: an optimal solve never uses an unpriced cell
@@ -661,11 +737,28 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         out_of_time = sol.status != "optimal" or priced_only or (
             deadline is not None and time.perf_counter() >= deadline)
         if not out_of_time:
-            hopeful = hopeful_cells(model, best[0])
+            hopeful = hopeful_cells(model, best[0], lp_bounds)
+            predicted = model.pricer.predict_s(len(hopeful))
+            if lp_bounds is None and predicted > solve_s:
+                # pricing them all would cost more than a solve: let the LP relaxation pick
+                # the cells that matter first, for no longer than pricing them all would take
+                stop = time.perf_counter() + predicted
+                if deadline is not None:
+                    stop = min(stop, deadline - solve_s)
+                got = lp_pricing(model, make_problem, best[0], stop)
+                lp_bounds = {}
+                if got is not None:
+                    bound = max(bound, got[0].value)
+                    lp_bounds = lp_cell_bounds(model, got[0])
+                    if got[1]:  # converged: the next solve likely uses priced cells only
+                        hopeful = []
+                    else:
+                        hopeful = hopeful_cells(model, best[0], lp_bounds)
+                predicted = model.pricer.predict_s(len(hopeful))
             # price them once rounds have not converged, or as soon as that is predicted to
             # take no longer than the solve just made (where pricing is cheap, one exact solve
             # beats more rounds); stop in time for one more solve, which uses the prices
-            if rounds >= LAZY_ROUNDS or model.pricer.predict_s(len(hopeful)) <= solve_s:
+            if hopeful and (rounds >= LAZY_ROUNDS or predicted <= solve_s):
                 done = _price_logged(model, hopeful,
                                      f"cells that could be in a plan <= {best[0]:.6g} s",
                                      None if deadline is None else deadline - solve_s)

@@ -64,6 +64,14 @@ def split(model, choice: Mapping[str, int]) -> Split:
     return Split(a, c, w)
 
 
+def cell_terms(model, e, x) -> tuple[float, tuple[float, float] | None]:
+    """A cell's plain cost and (C, W) parts in `overlap_problem`, for edge cost x: a weight
+    edge streams its wire seconds behind compute (W) and stitches on the device (C)."""
+    if is_weight_edge(model, e):
+        return 0.0, (x.local_s, x.in_batch_s - x.local_s)
+    return x.seconds, None
+
+
 def overlap_problem(model, warm_start: Mapping[str, int] | None,
                     unpriced_penalty: float = 0.0):
     """The pairwise problem of T: A as plain costs, C and W as the two overlapping parts
@@ -83,16 +91,15 @@ def overlap_problem(model, warm_start: Mapping[str, int] | None,
                               (0.0,) * n)))
     edges = []
     for e in model.edges:
-        cells = e.matrix.estimates()
+        terms = [[cell_terms(model, e, x) for x in row] for row in e.matrix.estimates()]
         pen = unpriced_penalties(e.matrix, unpriced_penalty)
+        plain = tuple(tuple(t[0] + p for t, p in zip(row, prow))
+                      for row, prow in zip(terms, pen))
         if is_weight_edge(model, e):
-            local = tuple(tuple(x.local_s for x in row) for row in cells)
-            wire = tuple(tuple(x.in_batch_s - x.local_s for x in row) for row in cells)
-            edges.append(fm.Edge(e.src, e.dst, pen, e.rows, e.cols, (local, wire)))
+            parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms) for k in range(2))
+            edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols, parts))
         else:
-            edges.append(fm.Edge(e.src, e.dst, tuple(
-                tuple(x.seconds + p for x, p in zip(row, prow))
-                for row, prow in zip(cells, pen)), e.rows, e.cols))
+            edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols))
     return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
                       warm_start=dict(warm_start) if warm_start else None)
 

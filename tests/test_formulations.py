@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import formulations as F
+from formulations.relax import Relaxation
 
 TOL = 1e-9
 
@@ -306,3 +307,71 @@ def test_invalid_problems_are_rejected():
     with pytest.raises(F.InvalidProblem):
         F.Problem([F.Node("a", (0.0, 1.0)), F.Node("a", (1.0,))])
     assert issubclass(F.Infeasible, F.FormulationError) and issubclass(F.SolveFailed, F.FormulationError)
+
+
+def _plans(problem: F.Problem):
+    """Every feasible assignment and its objective (brute force)."""
+    import itertools
+    names = [n.name for n in problem.nodes]
+    for combo in itertools.product(*(range(n.n_options) for n in problem.nodes)):
+        a = dict(zip(names, combo))
+        if not F.violations(problem, a):
+            yield a, F.objective(problem, a)
+
+
+def _cell(problem: F.Problem, j: int, a) -> tuple[int, int]:
+    e = problem.edges[j]
+    r, s = a[e.src], a[e.dst]
+    return (r if e.src_proj is None else e.src_proj[r], s if e.dst_proj is None else e.dst_proj[s])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True), st.floats(0.0, 1.0))
+def test_lp_relaxation_bounds_every_plan_using_a_cell(problem, frac):
+    # L is at most the optimum; a cell's bound is at most every plan using it (among the plans
+    # no worse than `upper`, for which the LP was built)
+    plans = list(_plans(problem))
+    if not plans:
+        return
+    best = min(o for _, o in plans)
+    upper = best + frac * (max(o for _, o in plans) - best)
+    res = Relaxation(problem, upper).solve()
+    assert res.value <= best + TOL * max(1.0, abs(best))
+    for j in range(len(problem.edges)):
+        bounds = res.bounds(j)
+        for a, obj in plans:
+            if obj <= upper:
+                r, s = _cell(problem, j, a)
+                assert bounds[r, s] <= obj + TOL * max(1.0, abs(obj)), (j, r, s, a)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True, extras=False), st.randoms(use_true_random=False))
+def test_lp_relaxation_update_matches_a_fresh_build(problem, rng):
+    # raising costs (cells priced since) through `update` gives the LP a fresh build gives
+    def raised(m):
+        return tuple(tuple(v * rng.choice([1.0, 1.0, 2.5]) for v in row) for row in m)
+    edges = tuple(F.Edge(e.src, e.dst, raised(e.cost), e.src_proj, e.dst_proj,
+                         None if e.parts is None else tuple(raised(p) for p in e.parts))
+                  for e in problem.edges)
+    after = F.Problem(problem.nodes, edges, problem.capacities, problem.side, problem.tie,
+                      problem.fixed)
+    upper = 1e9
+    relax = Relaxation(problem, upper)
+    relax.solve()
+    relax.update(after)
+    want = Relaxation(after, upper).solve().value
+    got = relax.solve().value
+    assert close(got, want), (got, want)
+    # the same, cell by cell
+    cells = Relaxation(problem, upper)
+    cells.solve()
+    for j, e in enumerate(after.edges):
+        if cells.ycols[j] is None:
+            continue
+        for r, row in enumerate(e.cost):
+            for s, c in enumerate(row):
+                parts = None if e.parts is None else tuple(p[r][s] for p in e.parts)
+                cells.set_cell(j, r, s, c, parts)
+    got = cells.solve().value
+    assert close(got, want), (got, want)

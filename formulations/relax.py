@@ -1,0 +1,327 @@
+r"""The LP relaxation of the pairwise problem, re-solved as costs change, and the bounds it proves.
+
+The relaxation of `pairwise.py`'s MIP (before its presolve), over w = (x, y, z):
+
+    minimise    c·w
+    subject to  onehot_v    Σ_c x[v,c] = 1                      (tied nodes share one x)
+                ysrc_e_r    Σ_s y[e,r,s] − Σ_{c ∈ P_e(r)} x[u,c] = 0
+                ydst_e_s    Σ_r y[e,r,s] − Σ_{c ∈ Q_e(s)} x[v,c] = 0
+                maxpart_k   z − Σ p_k·x − Σ q_k·y ≥ 0            (problems with parts)
+                mem_k, side_i                                    (as in the MIP)
+                0 ≤ x, y ≤ 1,   0 ≤ z ≤ upper
+
+z ≤ upper − (the least the plain terms can sum to) holds for every plan whose objective is at
+most `upper`, and y ≤ 1 for every integral plan.
+
+Bounds. For row multipliers π whose signs fit the rows (π_i ≥ 0 on ≥ rows, ≤ 0 on ≤ rows, free
+on equalities) and d = c − Aᵀπ, every feasible w has
+
+    c·w  =  π·(A w) + d·w  ≥  L  =  Σ_i π_i·(lo_i if π_i > 0 else up_i) + Σ_j min(0, d_j)·u_j
+
+and if the variables in a set J are at 1, c·w ≥ L + Σ_{j ∈ J} max(0, d_j). A plan using cell
+(r, s) of edge (u, v) has y[e,r,s] = 1, x[u,c] = 1 for some c ∈ P_e(r) and x[v,c'] = 1 for some
+c' ∈ Q_e(s), so
+
+    bound(e, r, s) = L + max(0, d_y) + min_{c ∈ P_e(r)} max(0, d_x[u,c]) + min_{c' ∈ Q_e(s)} max(0, d_x[v,c'])
+
+With π the LP optimum's duals L is the LP's value. π is clipped to the right signs and d is
+recomputed from the model kept here, so the bounds hold whatever tolerances the LP solver
+worked to. Where some costs are lower bounds of the true ones (cells not priced yet), so are
+L and every bound(e, r, s): raising a cost only raises c·w.
+
+Re-solving: `update` (or `set_cell`, one cell at a time) takes the same problem with some costs
+raised (cells priced since) and changes only those coefficients; HiGHS starts from the last
+basis (presolve off), which is what makes many rounds of price-and-re-solve cheap
+(`einsummable.optimize.lp_pricing`). An edge between two nodes of one tie group is a unary
+cost of their shared choice here; it keeps the costs it was built with (still lower bounds of
+the raised ones, so every bound stays valid) and reports no y.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compact import _classes
+from .errors import SolveFailed
+from .problem import MAX_PARTS, Problem
+
+# Bounds are reported this much (relative) below what the arithmetic gives, so that float
+# rounding in L's long sums cannot exclude a cell that a plan of cost exactly `upper` uses.
+SAFETY = 1e-9
+# y values above this count as used by the LP solution (simplex values are exact zeros else).
+SUPPORT_TOL = 1e-7
+
+
+@dataclass(frozen=True)
+class LpResult:
+    """value: L in the problem's units (seconds). y[j]: the LP's y of problem edge j as an
+    R x S array (None for an edge inside one tie class). `bounds(j)`: bound(e, r, s) above,
+    per cell of edge j, in seconds."""
+    value: float
+    y: tuple[np.ndarray | None, ...]
+    _raw: float  # L in solver units
+    _gain: np.ndarray  # max(0, d) per column
+    _owner: "Relaxation"
+
+    def support(self, j: int) -> np.ndarray:
+        """(r, s) pairs of edge j the LP solution uses."""
+        y = self.y[j]
+        return np.zeros((0, 2), dtype=int) if y is None else np.argwhere(y > SUPPORT_TOL)
+
+    def bounds(self, j: int) -> np.ndarray:
+        return self._owner._cell_bounds(j, self._raw, self._gain)
+
+
+class Relaxation:
+    """The LP of `problem` with z ≤ `upper` (see the module docstring), kept in HiGHS."""
+
+    def __init__(self, problem: Problem, upper: float) -> None:
+        import highspy
+        p = problem
+        members, class_of = _classes(p)
+        self.class_of = class_of
+        self.names = [n.name for n in p.nodes]
+        nodes = {n.name: n for n in p.nodes}
+        k_opts = [nodes[ms[0]].n_options for ms in members]
+        unary = [np.zeros(k) for k in k_opts]
+        unary_parts = [np.zeros((MAX_PARTS, k)) for k in k_opts]
+        for n in p.nodes:
+            unary[class_of[n.name]] += n.costs
+            if n.parts is not None:
+                unary_parts[class_of[n.name]] += np.asarray(n.parts)
+        fixed = {class_of[n]: c for n, c in p.fixed.items()}
+        self.parts = p.has_parts
+        costs = [np.asarray(e.cost, dtype=float) for e in p.edges]
+        self.shapes = [c.shape for c in costs]
+        mags = [float(np.abs(u).max()) for u in unary + unary_parts]
+        mags += [float(c.max()) for c in costs]
+        mags += [float(np.abs(np.asarray(e.parts)).max()) for e in p.edges if e.parts is not None]
+        self.scale = scale = max([m for m in mags if m > 0] or [1.0])
+
+        cost: list[float] = []
+        ub: list[float] = []
+        ri: list[int] = []
+        cj: list[int] = []
+        va: list[float] = []
+        lo: list[float] = []
+        up: list[float] = []
+
+        def col(c: float, u: float = 1.0) -> int:
+            cost.append(c)
+            ub.append(u)
+            return len(cost) - 1
+
+        def row(entries, low: float, high: float) -> int:
+            i = len(lo)
+            for j, a in entries:
+                ri.append(i)
+                cj.append(j)
+                va.append(a)
+            lo.append(low)
+            up.append(high)
+            return i
+
+        self.proj: list[tuple[np.ndarray, np.ndarray]] = []
+        self.ends: list[tuple[int, int]] = []
+        for e in p.edges:
+            u, v = class_of[e.src], class_of[e.dst]
+            self.ends.append((u, v))
+            r = np.arange(k_opts[u]) if e.src_proj is None else np.asarray(e.src_proj)
+            s = np.arange(k_opts[v]) if e.dst_proj is None else np.asarray(e.dst_proj)
+            self.proj.append((r, s))
+            if u == v:  # both ends share one choice: a unary cost
+                unary[u] += np.asarray(e.cost)[r, s]
+                if e.parts is not None:
+                    unary_parts[u] += np.asarray(e.parts)[:, r, s]
+        # x: one column per option; options outside a fixed domain get upper bound 0
+        self.x = []
+        for i, k in enumerate(k_opts):
+            dom = np.array([col(unary[i][c] / scale, 0.0 if i in fixed and fixed[i] != c
+                                else 1.0) for c in range(k)], dtype=int)
+            self.x.append(dom)
+            row([(int(j), 1.0) for j in dom], 1.0, 1.0)
+        part_terms: list[list[tuple[int, float]]] = [[] for _ in range(MAX_PARTS)]
+        if self.parts:
+            for i, dom in enumerate(self.x):
+                for k in range(MAX_PARTS):
+                    part_terms[k] += [(int(j), -unary_parts[i][k, c] / scale)
+                                      for c, j in enumerate(dom) if unary_parts[i][k, c]]
+        self.ycols: list[np.ndarray | None] = []
+        self.cost_now: list[np.ndarray | None] = []
+        self.parts_now: list[np.ndarray | None] = []
+        for j, e in enumerate(p.edges):
+            u, v = class_of[e.src], class_of[e.dst]
+            if u == v:
+                self.ycols.append(None)
+                self.cost_now.append(None)
+                self.parts_now.append(None)
+                continue
+            R, S = costs[j].shape
+            y = np.array([[col(costs[j][a, b] / scale) for b in range(S)] for a in range(R)],
+                         dtype=int).reshape(R, S)
+            self.ycols.append(y)
+            self.cost_now.append(costs[j].copy())
+            r, s = self.proj[j]
+            for a in range(R):
+                row([(int(c), 1.0) for c in y[a]]
+                    + [(int(self.x[u][c]), -1.0) for c in np.flatnonzero(r == a)], 0.0, 0.0)
+            for b in range(S):
+                row([(int(c), 1.0) for c in y[:, b]]
+                    + [(int(self.x[v][c]), -1.0) for c in np.flatnonzero(s == b)], 0.0, 0.0)
+            if self.parts and e.parts is not None:
+                pm = np.asarray(e.parts, dtype=float)
+                self.parts_now.append(pm.copy())
+                for k in range(MAX_PARTS):  # every cell, zeros too: later prices fill them
+                    part_terms[k] += [(int(y[a, b]), -pm[k, a, b] / scale)
+                                      for a in range(R) for b in range(S)]
+            else:
+                self.parts_now.append(None)
+        self.part_rows: list[int] = []
+        if self.parts:
+            # z <= upper minus the least the plain terms can add up to (0 for costs in seconds)
+            least = sum(min(0.0, float(u.min())) for u in unary) + sum(
+                min(0.0, float(costs[j].min())) for j, y in enumerate(self.ycols) if y is not None)
+            z = col(1.0, (upper - least) / scale * (1 + 1e-6))
+            for k in range(MAX_PARTS):
+                self.part_rows.append(row([(z, 1.0)] + part_terms[k], 0.0, np.inf))
+        if p.capacities is not None:
+            for k, cap in enumerate(p.capacities):
+                div = max(1.0, abs(cap))
+                terms = [(int(self.x[class_of[n.name]][c]), m / div)
+                         for n in p.nodes if n.memory is not None
+                         for c, m in enumerate(n.memory[k]) if m]
+                if terms:
+                    row(terms, -np.inf, cap / div)
+        for s_ in p.side:
+            terms = [(int(self.x[class_of[n]][c]), a) for n, c, a in s_.terms]
+            row(terms, s_.rhs if s_.sense in (">=", "==") else -np.inf,
+                s_.rhs if s_.sense in ("<=", "==") else np.inf)
+
+        self.cost = np.asarray(cost)
+        self.ub = np.asarray(ub)
+        self.lo, self.up = np.asarray(lo), np.asarray(up)
+        # column-major, as HiGHS takes it; repeated (row, column) entries (tied nodes' memory,
+        # side terms) summed into one
+        rows, cols, vals = (np.asarray(ri, dtype=np.int64), np.asarray(cj, dtype=np.int64),
+                            np.asarray(va, dtype=float))
+        key = cols * max(1, len(lo)) + rows
+        uniq, inverse = np.unique(key, return_inverse=True)
+        summed = np.zeros(len(uniq))
+        np.add.at(summed, inverse, vals)
+        self.cj, self.ri, self.va = uniq // max(1, len(lo)), uniq % max(1, len(lo)), summed
+        # where each (part row, y column) coefficient sits in va, for updates
+        self._entry = {}
+        if self.part_rows:
+            part_set = set(self.part_rows)
+            for idx in np.flatnonzero(np.isin(self.ri, list(part_set))):
+                self._entry[(int(self.ri[idx]), int(self.cj[idx]))] = int(idx)
+        n = len(self.cost)
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = n, len(self.lo)
+        lp.col_cost_ = self.cost
+        lp.col_lower_ = np.zeros(n)
+        lp.col_upper_ = self.ub
+        lp.row_lower_ = np.where(np.isinf(self.lo), -highspy.kHighsInf, self.lo)
+        lp.row_upper_ = np.where(np.isinf(self.up), highspy.kHighsInf, self.up)
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.searchsorted(self.cj, np.arange(n + 1))
+        lp.a_matrix_.index_ = self.ri
+        lp.a_matrix_.value_ = self.va
+        self._pending: dict[int, float] = {}  # column -> new cost (solver units)
+        self.h = highspy.Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("presolve", "off")  # keep the basis between re-solves
+        if self.h.passModel(lp) != highspy.HighsStatus.kOk:
+            raise SolveFailed("HiGHS did not accept the LP relaxation")
+
+    def update(self, problem: Problem) -> int:
+        """Take the costs of `problem` (the same problem, some costs changed); returns how
+        many coefficients changed."""
+        idx: list[int] = []
+        new: list[float] = []
+        changed = 0
+        for j, e in enumerate(problem.edges):
+            y = self.ycols[j]
+            if y is None:
+                continue
+            c = np.asarray(e.cost, dtype=float)
+            diff = np.argwhere(c != self.cost_now[j])
+            for a, b in diff:
+                idx.append(int(y[a, b]))
+                new.append(c[a, b] / self.scale)
+            self.cost_now[j] = c
+            if self.parts_now[j] is not None:
+                pm = np.asarray(e.parts, dtype=float)
+                for k, a, b in np.argwhere(pm != self.parts_now[j]):
+                    row, col = self.part_rows[k], int(y[a, b])
+                    value = -pm[k, a, b] / self.scale
+                    self.va[self._entry[(row, col)]] = value
+                    self.h.changeCoeff(row, col, value)
+                    changed += 1
+                self.parts_now[j] = pm
+        if idx:
+            cols = np.asarray(idx, dtype=np.int32)
+            vals = np.asarray(new)
+            self.cost[cols] = vals
+            self.h.changeColsCost(len(cols), cols, vals)
+        return changed + len(idx)
+
+    def set_cell(self, j: int, r: int, s: int, cost: float,
+                 parts: tuple[float, ...] | None = None) -> None:
+        """Give cell (r, s) of problem edge j a new cost (and parts, on an edge that has
+        them), as `update` would; cost changes are handed to HiGHS at the next `solve`."""
+        col = int(self.ycols[j][r, s])
+        self.cost_now[j][r, s] = cost
+        self._pending[col] = cost / self.scale
+        if parts is not None and self.parts_now[j] is not None:
+            for k, value in enumerate(parts):
+                if value != self.parts_now[j][k, r, s]:
+                    self.parts_now[j][k, r, s] = value
+                    row = self.part_rows[k]
+                    self.va[self._entry[(row, col)]] = -value / self.scale
+                    self.h.changeCoeff(row, col, -value / self.scale)
+
+    def solve(self) -> LpResult:
+        import highspy
+        if self._pending:
+            cols = np.fromiter(self._pending, dtype=np.int32, count=len(self._pending))
+            vals = np.fromiter(self._pending.values(), dtype=float, count=len(cols))
+            self.cost[cols] = vals
+            self.h.changeColsCost(len(cols), cols, vals)
+            self._pending = {}
+        self.h.run()
+        status = self.h.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise SolveFailed("the LP relaxation did not solve to optimality "
+                              f"({self.h.modelStatusToString(status)})")
+        sol = self.h.getSolution()
+        values = np.asarray(sol.col_value)
+        pi = np.asarray(sol.row_dual, dtype=float).copy()
+        pi[np.isinf(self.up) & (pi < 0)] = 0.0  # >= rows: pi >= 0
+        pi[np.isinf(self.lo) & (pi > 0)] = 0.0  # <= rows: pi <= 0
+        d = self.cost.copy()
+        np.subtract.at(d, self.cj, self.va * pi[self.ri])
+        side = np.where(pi > 0, self.lo, self.up)
+        value = float(np.sum(pi[pi != 0] * side[pi != 0])
+                      + np.sum(np.minimum(0.0, d) * self.ub))
+        y = tuple(None if c is None else values[c] for c in self.ycols)
+        return LpResult(value * self.scale * (1 - SAFETY), y, value, np.maximum(0.0, d), self)
+
+    def _cell_bounds(self, j: int, raw: float, gain: np.ndarray) -> np.ndarray:
+        u, v = self.ends[j]
+        r, s = self.proj[j]
+        R, S = self.shapes[j]
+        xu, xv = gain[self.x[u]], gain[self.x[v]]
+        xu = np.where(self.ub[self.x[u]] > 0, xu, np.inf)  # options outside a fixed domain
+        xv = np.where(self.ub[self.x[v]] > 0, xv, np.inf)
+        if self.ycols[j] is None:  # one shared choice decides the cell
+            out = np.full((R, S), np.inf)
+            np.minimum.at(out, (r, s), xu)
+        else:
+            best_r = np.full(R, np.inf)
+            np.minimum.at(best_r, r, xu)
+            best_s = np.full(S, np.inf)
+            np.minimum.at(best_s, s, xv)
+            out = gain[self.ycols[j]] + best_r[:, None] + best_s[None, :]
+        return (raw + out) * self.scale * (1 - SAFETY)
