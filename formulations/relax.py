@@ -60,6 +60,7 @@ class LpResult:
     per cell of edge j, in seconds."""
     value: float
     y: tuple[np.ndarray | None, ...]
+    x: dict[str, np.ndarray]  # node -> the LP's x per option (tied nodes: their class's)
     _raw: float  # L in solver units
     _gain: np.ndarray  # max(0, d) per column
     _owner: "Relaxation"
@@ -71,6 +72,13 @@ class LpResult:
 
     def bounds(self, j: int) -> np.ndarray:
         return self._owner._cell_bounds(j, self._raw, self._gain)
+
+    def option_bounds(self, node: str) -> np.ndarray:
+        """Per option of `node`: a bound on every plan that gives node that option."""
+        o = self._owner
+        cols = o.x[o.class_of[node]]
+        gain = np.where(o.ub[cols] > 0, self._gain[cols], np.inf)
+        return (self._raw + gain) * o.scale * (1 - SAFETY)
 
 
 class Relaxation:
@@ -306,7 +314,8 @@ class Relaxation:
         value = float(np.sum(pi[pi != 0] * side[pi != 0])
                       + np.sum(np.minimum(0.0, d) * self.ub))
         y = tuple(None if c is None else values[c] for c in self.ycols)
-        return LpResult(value * self.scale * (1 - SAFETY), y, value, np.maximum(0.0, d), self)
+        x = {n: values[self.x[self.class_of[n]]] for n in self.names}
+        return LpResult(value * self.scale * (1 - SAFETY), y, x, value, np.maximum(0.0, d), self)
 
     def _cell_bounds(self, j: int, raw: float, gain: np.ndarray) -> np.ndarray:
         u, v = self.ends[j]

@@ -343,6 +343,11 @@ def test_lp_relaxation_bounds_every_plan_using_a_cell(problem, frac):
             if obj <= upper:
                 r, s = _cell(problem, j, a)
                 assert bounds[r, s] <= obj + TOL * max(1.0, abs(obj)), (j, r, s, a)
+    for n in problem.nodes:
+        bounds = res.option_bounds(n.name)
+        for a, obj in plans:
+            if obj <= upper:
+                assert bounds[a[n.name]] <= obj + TOL * max(1.0, abs(obj)), (n.name, a)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)

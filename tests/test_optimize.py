@@ -165,6 +165,44 @@ def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypat
     assert cut_short >= 5
 
 
+def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
+    # Pricing predicted to be dear: the LP relaxation prices the cells it uses first, its
+    # bounds narrow the hopeful cells, its rounding is an incumbent; the answer must still be
+    # the exhaustive optimum, and the LP's bound at most that optimum.
+    monkeypatch.setattr(O, "LP_PRICING_MIN_S", 0.0)
+    monkeypatch.setattr(EdgePricer, "predict_s", lambda self, n: 1e3 * n)
+    rng = random.Random(5)
+    topos = [(n, f()) for n, f in TOPOLOGIES]
+    ran = 0
+    for trial in range(40):
+        name, topo = topos[trial % len(topos)]
+        g = _random_graph(rng)
+        opts = O.Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
+        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
+        model = O.build_model(g, topo, opts, nodes)
+        calls = []
+        real = O.lp_pricing
+
+        def spy(*a, real=real, calls=calls):
+            got = real(*a)
+            calls.append(got)
+            return got
+        monkeypatch.setattr(O, "lp_pricing", spy)
+        sol = O.solve_model(model)
+        keys = list(model.nodes)
+        problem = O.to_problem(model)
+        best = min(model.objective(dict(zip(keys, combo)))
+                   for combo in __import__("itertools").product(
+                       *(range(len(model.nodes[k].cands)) for k in keys))
+                   if not fm.violations(problem, dict(zip(keys, combo))))
+        assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
+        for got in calls:
+            if got is not None:
+                ran += 1
+                assert got[0].value <= best * (1 + 1e-9) + 1e-15, (trial, name)
+    assert ran >= 5  # the LP path ran on enough of them
+
+
 def _mlp(tokens, d=4096, f=16384):
     b = Builder("float16")
     x = b.input("x", (tokens, d))
