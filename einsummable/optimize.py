@@ -617,6 +617,26 @@ def lp_cell_bounds(model: Model, lp) -> dict[tuple, float]:
     return out
 
 
+def _lp_phase(model: Model, make_problem, best: tuple, n_hopeful: int, predicted: float,
+              stop: float):
+    """`lp_pricing` until `stop`, then its rounding as an incumbent. Returns (a bound on every
+    plan, LP bounds per pricer key, the best exact plan (cost, choice), whether it
+    converged)."""
+    log.info("pricing %d hopeful cells would take about %.1f s: LP relaxation first",
+             n_hopeful, predicted)
+    got = lp_pricing(model, make_problem, best[0], stop)
+    if got is None:
+        return 0.0, {}, best, False
+    lp, converged = got
+    rounded = lp_rounding(model, lp, make_problem)
+    if rounded is not None:
+        exact = model.objective(rounded)
+        log.info("LP solution rounded: a plan of %.6g s", exact)
+        if exact < best[0]:
+            best = (exact, rounded)
+    return lp.value, lp_cell_bounds(model, lp), best, converged
+
+
 def lp_rounding(model: Model, lp, make_problem) -> dict[str, int] | None:
     """Each node's option of largest LP value (the lowest on ties; tied nodes share theirs),
     where that plan meets memory and side constraints: near an integral LP optimum, a plan
@@ -706,7 +726,8 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     plan no worse than the current one is priced (`hopeful_cells`), and the next solve is
     exact. That happens after an earlier solve already when pricing those cells is predicted
     (`EdgePricer.predict_s`) to take no longer than the solve did. Where it is predicted to
-    take longer, the LP relaxation goes first (`lp_pricing`): it prices the cells its
+    take longer, the LP relaxation goes first (`lp_pricing`; before any MIP solve where that
+    prediction exceeds LP_PRICING_MIN_S already at the warm start): it prices the cells its
     solution uses until that uses priced cells only, for no longer than pricing every hopeful
     cell would take; its value is a bound, and its reduced costs bound every cell, which
     narrows the hopeful ones (on h100x8x2 llama-7b: 642 cells priced in 25 LP rounds, where
@@ -735,6 +756,28 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     lp_bounds: dict[tuple, float] | None = None  # from the LP relaxation, once it ran
     lp_cut_short = False
     exact_next = False  # every hopeful cell is priced: the next solve is exact
+    if best is not None:
+        # where pricing every hopeful cell is predicted to be long, the LP goes before any
+        # MIP solve (whose time is not known yet: under a limit, it keeps half for them)
+        n_hopeful = len(hopeful_cells(model, best[0]))
+        predicted = model.pricer.predict_s(n_hopeful)
+        if predicted > LP_PRICING_MIN_S:
+            stop = time.perf_counter() + LP_PRICING_SHARE * predicted
+            if deadline is not None:
+                stop = min(stop, time.perf_counter() + (deadline - time.perf_counter()) / 2)
+            lp_value, lp_bounds, best, converged = _lp_phase(
+                model, make_problem, best, n_hopeful, predicted, stop)
+            bound = max(bound, lp_value)
+            lp_cut_short = not converged
+            warm = best[1]
+            if not converged:  # price what could still matter before the first MIP solve
+                hopeful = hopeful_cells(model, best[0], lp_bounds)
+                done = _price_logged(
+                    model, hopeful, f"cells that could be in a plan <= {best[0]:.6g} s",
+                    None if deadline is None
+                    else time.perf_counter() + (deadline - time.perf_counter()) / 2)
+                priced_only = done < len(hopeful)
+                exact_next = not priced_only
     while True:
         # more than the best exact plan costs: an optimal solve never uses an unpriced cell
         # (and not much more: the solver scales costs by the largest one)
@@ -765,31 +808,16 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
             hopeful = hopeful_cells(model, best[0], lp_bounds)
             predicted = model.pricer.predict_s(len(hopeful))
             if lp_bounds is None and predicted > max(solve_s, LP_PRICING_MIN_S):
-                # pricing them all would cost more than a solve, and long: let the LP
-                # relaxation pick the cells that matter first, for no longer than
-                # LP_PRICING_SHARE of what pricing them all would take
-                log.info("pricing %d hopeful cells would take about %.1f s: LP relaxation "
-                         "first", len(hopeful), predicted)
                 stop = time.perf_counter() + LP_PRICING_SHARE * predicted
                 if deadline is not None:
                     stop = min(stop, deadline - solve_s)
-                got = lp_pricing(model, make_problem, best[0], stop)
-                lp_bounds = {}
+                lp_value, lp_bounds, best, converged = _lp_phase(
+                    model, make_problem, best, len(hopeful), predicted, stop)
+                bound = max(bound, lp_value)
                 # cut short, the LP has done what rounds would: price the hopeful cells now
-                lp_cut_short = got is None or not got[1]
-                if got is not None:
-                    bound = max(bound, got[0].value)
-                    lp_bounds = lp_cell_bounds(model, got[0])
-                    rounded = lp_rounding(model, got[0], make_problem)
-                    if rounded is not None:
-                        exact = model.objective(rounded)
-                        log.info("LP solution rounded: a plan of %.6g s", exact)
-                        if exact < best[0]:
-                            best = (exact, rounded)
-                    if got[1]:  # converged: the next solve likely uses priced cells only
-                        hopeful = []
-                    else:
-                        hopeful = hopeful_cells(model, best[0], lp_bounds)
+                lp_cut_short = not converged
+                # converged: the next solve likely uses priced cells only
+                hopeful = [] if converged else hopeful_cells(model, best[0], lp_bounds)
                 predicted = model.pricer.predict_s(len(hopeful))
             # price them once rounds have not converged, or as soon as that is predicted to
             # take no longer than the solve just made (where pricing is cheap, one exact solve

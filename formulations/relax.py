@@ -237,7 +237,9 @@ class Relaxation:
         lp.a_matrix_.index_ = self.ri
         lp.a_matrix_.value_ = self.va
         self._pending: dict[int, float] = {}  # column -> new cost (solver units)
-        self.h = highspy.Highs()
+        from .pairwise import _quiet_stdout
+        with _quiet_stdout():  # the banner HiGHS prints once per process (pairwise.py)
+            self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("presolve", "off")  # keep the basis between re-solves
         if self.h.passModel(lp) != highspy.HighsStatus.kOk:
