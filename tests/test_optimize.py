@@ -90,28 +90,41 @@ def test_mip_equals_exhaustive_on_200_random_graphs():
     assert checked == 200
 
 
-def test_lazy_pricing_after_its_rounds_prices_only_hopeful_cells_and_stays_exact(monkeypatch):
-    # LAZY_ROUNDS = 1: after the first solve on bounds, only cells that could beat the current
-    # plan are priced (`hopeful_cells`); the answer must still be the exhaustive optimum.
-    monkeypatch.setattr(O, "LAZY_ROUNDS", 1)
-    rng = random.Random(7)
+def _random_models(seed: int, trials: int):
+    """(trial, topology name, model) of random small graphs, overlap on every other one."""
+    rng = random.Random(seed)
     topos = [(n, f()) for n, f in TOPOLOGIES]
-    left_unpriced = 0
-    for trial in range(60):
+    for trial in range(trials):
         name, topo = topos[trial % len(topos)]
         g = _random_graph(rng)
         opts = O.Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
         nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
-        model = O.build_model(g, topo, opts, nodes)
+        yield trial, name, O.build_model(g, topo, opts, nodes)
+
+
+def _exhaustive_best(model, keep=lambda choice: True) -> float:
+    """The least exact objective over every feasible choice that `keep` accepts."""
+    import itertools
+    keys = list(model.nodes)
+    problem = O.to_problem(model)
+    best = float("inf")
+    for combo in itertools.product(*(range(len(model.nodes[k].cands)) for k in keys)):
+        choice = dict(zip(keys, combo))
+        if not fm.violations(problem, choice) and keep(choice):
+            best = min(best, model.objective(choice))
+    return best
+
+
+def test_lazy_pricing_after_its_rounds_prices_only_hopeful_cells_and_stays_exact(monkeypatch):
+    # LAZY_ROUNDS = 1: after the first solve on bounds, only cells that could beat the current
+    # plan are priced (`hopeful_cells`); the answer must still be the exhaustive optimum.
+    monkeypatch.setattr(O, "LAZY_ROUNDS", 1)
+    left_unpriced = 0
+    for trial, name, model in _random_models(7, 60):
         lazy = O.solve_model(model)
         left_unpriced += sum(not e.matrix.priced(r, s) for e in model.edges
                              for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1]))
-        keys = list(model.nodes)
-        problem = O.to_problem(model)
-        best = min(model.objective(dict(zip(keys, combo)))
-                   for combo in __import__("itertools").product(
-                       *(range(len(model.nodes[k].cands)) for k in keys))
-                   if not fm.violations(problem, dict(zip(keys, combo))))
+        best = _exhaustive_best(model)
         assert lazy.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
     assert left_unpriced > 0  # some cells never needed a synthesis
 
@@ -122,15 +135,8 @@ def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypat
     # is the best plan among those whose every cell is priced, at its exact cost, and the
     # bound still holds for the exhaustive optimum over all cells.
     monkeypatch.setattr(O, "LAZY_ROUNDS", 1)
-    rng = random.Random(11)
-    topos = [(n, f()) for n, f in TOPOLOGIES]
     cut_short = 0
-    for trial in range(40):
-        name, topo = topos[trial % len(topos)]
-        g = _random_graph(rng)
-        opts = O.Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
-        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
-        model = O.build_model(g, topo, opts, nodes)
+    for trial, name, model in _random_models(11, 40):
         full = model.pricer.prefetch_short
 
         def half(shorts, deadline=None, full=full):
@@ -144,18 +150,9 @@ def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypat
                   for s in range(e.matrix.shape[1]) if e.matrix.priced(r, s)}
         assert all(e.matrix.short(*e.cell(sol.assignment)) in priced for e in model.edges)
         assert sol.objective == pytest.approx(model.objective(sol.assignment), rel=1e-9)
-        keys = list(model.nodes)
-        problem = O.to_problem(model)
-        best_all = best_priced = float("inf")
-        for combo in __import__("itertools").product(
-                *(range(len(model.nodes[k].cands)) for k in keys)):
-            choice = dict(zip(keys, combo))
-            if fm.violations(problem, choice):
-                continue
-            cost = model.objective(choice)
-            best_all = min(best_all, cost)
-            if all(e.matrix.short(*e.cell(choice)) in priced for e in model.edges):
-                best_priced = min(best_priced, cost)
+        best_all = _exhaustive_best(model)
+        best_priced = _exhaustive_best(model, lambda choice: all(
+            e.matrix.short(*e.cell(choice)) in priced for e in model.edges))
         assert sol.bound <= best_all * (1 + 1e-9), (trial, name)
         if sol.status == "time_limit":
             cut_short += 1
@@ -171,30 +168,19 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
     # the exhaustive optimum, and the LP's bound at most that optimum.
     monkeypatch.setattr(O, "LP_PRICING_MIN_S", 0.0)
     monkeypatch.setattr(EdgePricer, "predict_s", lambda self, n: 1e3 * n)
-    rng = random.Random(5)
-    topos = [(n, f()) for n, f in TOPOLOGIES]
-    ran = 0
-    for trial in range(40):
-        name, topo = topos[trial % len(topos)]
-        g = _random_graph(rng)
-        opts = O.Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
-        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
-        model = O.build_model(g, topo, opts, nodes)
-        calls = []
-        real = O.lp_pricing
+    calls = []
+    real = O.lp_pricing
 
-        def spy(*a, real=real, calls=calls):
-            got = real(*a)
-            calls.append(got)
-            return got
-        monkeypatch.setattr(O, "lp_pricing", spy)
+    def spy(*a):
+        got = real(*a)
+        calls.append(got)
+        return got
+    monkeypatch.setattr(O, "lp_pricing", spy)
+    ran = 0
+    for trial, name, model in _random_models(5, 40):
+        calls.clear()
         sol = O.solve_model(model)
-        keys = list(model.nodes)
-        problem = O.to_problem(model)
-        best = min(model.objective(dict(zip(keys, combo)))
-                   for combo in __import__("itertools").product(
-                       *(range(len(model.nodes[k].cands)) for k in keys))
-                   if not fm.violations(problem, dict(zip(keys, combo))))
+        best = _exhaustive_best(model)
         assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
         for got in calls:
             if got is not None:
