@@ -75,8 +75,8 @@ HOPEFUL_MARGIN = 1e-9
 # wall time left (model building is outside the solver's own limit).
 MIN_SOLVE_SHARE = 0.5
 # The LP relaxation picks the cells to price (`lp_pricing`) only where pricing every hopeful
-# cell is predicted to take longer than a solve and than LP_PRICING_MIN_S (measured: its
-# rounds, 25-90 re-solves of 0.1-1.6 s each, lose to pricing everything below that), and
+# cell is predicted to take longer than LP_PRICING_MIN_S (measured: its rounds, 25-93
+# re-solves of 0.1-1.6 s each, lose to pricing everything below that), and
 # for at most LP_PRICING_SHARE of that prediction (a phase cut short still bounds cells).
 LP_PRICING_MIN_S = 20.0
 LP_PRICING_SHARE = 0.5
@@ -726,18 +726,20 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     plan no worse than the current one is priced (`hopeful_cells`), and the next solve is
     exact. That happens after an earlier solve already when pricing those cells is predicted
     (`EdgePricer.predict_s`) to take no longer than the solve did. Where it is predicted to
-    take longer, the LP relaxation goes first (`lp_pricing`; before any MIP solve where that
-    prediction exceeds LP_PRICING_MIN_S already at the warm start): it prices the cells its
-    solution uses until that uses priced cells only, for no longer than pricing every hopeful
-    cell would take; its value is a bound, and its reduced costs bound every cell, which
-    narrows the hopeful ones (on h100x8x2 llama-7b: 642 cells priced in 25 LP rounds, where
-    25,593 were hopeful).
+    take longer than LP_PRICING_MIN_S, the LP relaxation goes first (`lp_pricing`, before the
+    first MIP solve given a warm start): it prices the cells its solution uses until that
+    uses priced cells only, for at most LP_PRICING_SHARE of the predicted pricing time; its
+    value is a bound, its rounding an incumbent, and its reduced costs bound every cell,
+    which narrows the hopeful ones; cut short, the hopeful cells it leaves are priced before
+    the next solve (on h100x8x2 llama-7b: 642 cells priced in 25 LP rounds, where about
+    25,600 were hopeful).
 
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
     lowest bound first until one more solve would not fit, and no solve starts with less than
     `MIN_SOLVE_SHARE` of the last one's time left). When the deadline cuts that pricing short,
-    or leaves room for one more solve only, the last solve keeps to priced cells (every unpriced one costs more than the best exact
-    plan, `unpriced_penalty`), so its answer is a plan whose cost is exact; that solve's bound
+    or leaves room for one more solve only, the last solve keeps to priced cells (every
+    unpriced one costs more than the best exact plan, `unpriced_penalty`), so its answer is
+    a plan whose cost is exact; that solve's bound
     is not one on the real problem and is not used. Out of time, the answer is the best plan
     whose cost is exact (the warm start's, a round's solution once its cells are priced, or
     that last solve's), with the best round bound as its bound: status "time_limit" and an
@@ -754,31 +756,32 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     bound = floor_s(model)
     priced_only = False  # the last solve: unpriced cells out of reach
     lp_bounds: dict[tuple, float] | None = None  # from the LP relaxation, once it ran
-    lp_cut_short = False
     exact_next = False  # every hopeful cell is priced: the next solve is exact
-    if best is not None:
-        # where pricing every hopeful cell is predicted to be long, the LP goes before any
-        # MIP solve (whose time is not known yet: under a limit, it keeps half for them)
-        n_hopeful = len(hopeful_cells(model, best[0]))
-        predicted = model.pricer.predict_s(n_hopeful)
-        if predicted > LP_PRICING_MIN_S:
-            stop = time.perf_counter() + LP_PRICING_SHARE * predicted
-            if deadline is not None:
-                stop = min(stop, time.perf_counter() + (deadline - time.perf_counter()) / 2)
-            lp_value, lp_bounds, best, converged = _lp_phase(
-                model, make_problem, best, n_hopeful, predicted, stop)
-            bound = max(bound, lp_value)
-            lp_cut_short = not converged
-            warm = best[1]
-            if not converged:  # price what could still matter before the first MIP solve
-                hopeful = hopeful_cells(model, best[0], lp_bounds)
-                done = _price_logged(
-                    model, hopeful, f"cells that could be in a plan <= {best[0]:.6g} s",
-                    None if deadline is None
-                    else time.perf_counter() + (deadline - time.perf_counter()) / 2)
-                priced_only = done < len(hopeful)
-                exact_next = not priced_only
+    lp_considered = False
     while True:
+        if not lp_considered and best is not None:
+            # once there is a plan to beat (before the first solve, given a warm start):
+            # where pricing every hopeful cell is predicted to be long, the LP goes first, for
+            # at most LP_PRICING_SHARE of that (under a limit, half the time left)
+            lp_considered = True
+            n_hopeful = len(hopeful_cells(model, best[0]))
+            predicted = model.pricer.predict_s(n_hopeful)
+            if predicted > LP_PRICING_MIN_S:
+                stop = time.perf_counter() + LP_PRICING_SHARE * predicted
+                if deadline is not None:
+                    stop = min(stop, time.perf_counter() + (deadline - time.perf_counter()) / 2)
+                lp_value, lp_bounds, best, converged = _lp_phase(
+                    model, make_problem, best, n_hopeful, predicted, stop)
+                bound = max(bound, lp_value)
+                warm = best[1]
+                if not converged:  # price what could still matter before the next solve
+                    hopeful = hopeful_cells(model, best[0], lp_bounds)
+                    done = _price_logged(
+                        model, hopeful, f"cells that could be in a plan <= {best[0]:.6g} s",
+                        None if deadline is None
+                        else time.perf_counter() + (deadline - time.perf_counter()) / 2)
+                    priced_only = done < len(hopeful)
+                    exact_next = not priced_only
         # more than the best exact plan costs: an optimal solve never uses an unpriced cell
         # (and not much more: the solver scales costs by the largest one)
         penalty = PRICED_ONLY_PENALTY * best[0] if priced_only and best is not None else 0.0
@@ -807,22 +810,10 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         if not out_of_time:
             hopeful = hopeful_cells(model, best[0], lp_bounds)
             predicted = model.pricer.predict_s(len(hopeful))
-            if lp_bounds is None and predicted > max(solve_s, LP_PRICING_MIN_S):
-                stop = time.perf_counter() + LP_PRICING_SHARE * predicted
-                if deadline is not None:
-                    stop = min(stop, deadline - solve_s)
-                lp_value, lp_bounds, best, converged = _lp_phase(
-                    model, make_problem, best, len(hopeful), predicted, stop)
-                bound = max(bound, lp_value)
-                # cut short, the LP has done what rounds would: price the hopeful cells now
-                lp_cut_short = not converged
-                # converged: the next solve likely uses priced cells only
-                hopeful = [] if converged else hopeful_cells(model, best[0], lp_bounds)
-                predicted = model.pricer.predict_s(len(hopeful))
             # price them once rounds have not converged, or as soon as that is predicted to
             # take no longer than the solve just made (where pricing is cheap, one exact solve
             # beats more rounds); stop in time for one more solve, which uses the prices
-            if hopeful and (rounds >= LAZY_ROUNDS or predicted <= solve_s or lp_cut_short):
+            if hopeful and (rounds >= LAZY_ROUNDS or predicted <= solve_s):
                 done = _price_logged(model, hopeful,
                                      f"cells that could be in a plan <= {best[0]:.6g} s",
                                      None if deadline is None else deadline - solve_s)

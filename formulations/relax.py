@@ -76,9 +76,7 @@ class LpResult:
     def option_bounds(self, node: str) -> np.ndarray:
         """Per option of `node`: a bound on every plan that gives node that option."""
         o = self._owner
-        cols = o.x[o.class_of[node]]
-        gain = np.where(o.ub[cols] > 0, self._gain[cols], np.inf)
-        return (self._raw + gain) * o.scale * (1 - SAFETY)
+        return o._seconds(self._raw + o._option_gain(o.class_of[node], self._gain))
 
 
 class Relaxation:
@@ -246,41 +244,26 @@ class Relaxation:
             raise SolveFailed("HiGHS did not accept the LP relaxation")
 
     def update(self, problem: Problem) -> int:
-        """Take the costs of `problem` (the same problem, some costs changed); returns how
-        many coefficients changed."""
-        idx: list[int] = []
-        new: list[float] = []
+        """Take the costs of `problem` (the same problem, some costs changed), cell by cell
+        through `set_cell`; returns how many cells changed."""
         changed = 0
         for j, e in enumerate(problem.edges):
-            y = self.ycols[j]
-            if y is None:
+            if self.ycols[j] is None:
                 continue
             c = np.asarray(e.cost, dtype=float)
-            diff = np.argwhere(c != self.cost_now[j])
-            for a, b in diff:
-                idx.append(int(y[a, b]))
-                new.append(c[a, b] / self.scale)
-            self.cost_now[j] = c
-            if self.parts_now[j] is not None:
-                pm = np.asarray(e.parts, dtype=float)
-                for k, a, b in np.argwhere(pm != self.parts_now[j]):
-                    row, col = self.part_rows[k], int(y[a, b])
-                    value = -pm[k, a, b] / self.scale
-                    self.va[self._entry[(row, col)]] = value
-                    self.h.changeCoeff(row, col, value)
-                    changed += 1
-                self.parts_now[j] = pm
-        if idx:
-            cols = np.asarray(idx, dtype=np.int32)
-            vals = np.asarray(new)
-            self.cost[cols] = vals
-            self.h.changeColsCost(len(cols), cols, vals)
-        return changed + len(idx)
+            pm = None if self.parts_now[j] is None else np.asarray(e.parts, dtype=float)
+            diff = c != self.cost_now[j]
+            if pm is not None:
+                diff |= (pm != self.parts_now[j]).any(axis=0)
+            for a, b in np.argwhere(diff):
+                self.set_cell(j, a, b, c[a, b], None if pm is None else tuple(pm[:, a, b]))
+                changed += 1
+        return changed
 
     def set_cell(self, j: int, r: int, s: int, cost: float,
                  parts: tuple[float, ...] | None = None) -> None:
         """Give cell (r, s) of problem edge j a new cost (and parts, on an edge that has
-        them), as `update` would; cost changes are handed to HiGHS at the next `solve`."""
+        them); cost changes are handed to HiGHS at the next `solve`."""
         col = int(self.ycols[j][r, s])
         self.cost_now[j][r, s] = cost
         self._pending[col] = cost / self.scale
@@ -317,15 +300,24 @@ class Relaxation:
                       + np.sum(np.minimum(0.0, d) * self.ub))
         y = tuple(None if c is None else values[c] for c in self.ycols)
         x = {n: values[self.x[self.class_of[n]]] for n in self.names}
-        return LpResult(value * self.scale * (1 - SAFETY), y, x, value, np.maximum(0.0, d), self)
+        return LpResult(float(self._seconds(value)), y, x, value, np.maximum(0.0, d), self)
+
+    def _option_gain(self, cls: int, gain: np.ndarray) -> np.ndarray:
+        """max(0, d) of a class's options; options outside a fixed domain: inf."""
+        cols = self.x[cls]
+        return np.where(self.ub[cols] > 0, gain[cols], np.inf)
+
+    def _seconds(self, raw) -> np.ndarray | float:
+        """Solver units to seconds, lowered by SAFETY (relative) against rounding."""
+        v = np.asarray(raw * self.scale, dtype=float)
+        with np.errstate(invalid="ignore"):  # inf (unreachable cells) stays inf
+            return np.where(np.isfinite(v), v - SAFETY * np.abs(v), v)
 
     def _cell_bounds(self, j: int, raw: float, gain: np.ndarray) -> np.ndarray:
         u, v = self.ends[j]
         r, s = self.proj[j]
         R, S = self.shapes[j]
-        xu, xv = gain[self.x[u]], gain[self.x[v]]
-        xu = np.where(self.ub[self.x[u]] > 0, xu, np.inf)  # options outside a fixed domain
-        xv = np.where(self.ub[self.x[v]] > 0, xv, np.inf)
+        xu, xv = self._option_gain(u, gain), self._option_gain(v, gain)
         if self.ycols[j] is None:  # one shared choice decides the cell
             out = np.full((R, S), np.inf)
             np.minimum.at(out, (r, s), xu)
@@ -335,4 +327,4 @@ class Relaxation:
             best_s = np.full(S, np.inf)
             np.minimum.at(best_s, s, xv)
             out = gain[self.ycols[j]] + best_r[:, None] + best_s[None, :]
-        return (raw + out) * self.scale * (1 - SAFETY)
+        return self._seconds(raw + out)
