@@ -4,8 +4,9 @@ Every step preserves the optimum exactly (the objective differs by no more than 
 
 1. Tie groups become one *class*: its members share one set of x variables, their unary costs
    and memory add up.
-2. Fixed options shrink a class's domain to one option; one-option classes carry no variables,
-   their cost is a constant and their memory a constant on each capacity row.
+2. Fixed options shrink a class's domain to one option, allowed options to those allowed for
+   every member; one-option classes carry no variables, their cost is a constant and their
+   memory a constant on each capacity row.
 3. An edge inside a class costs cost[proj_u(c)][proj_v(c)] for the shared choice c: unary.
 4. Every other edge is restricted to the domains, rows/columns that are equal are merged (an
    automatic projection), then row minima are moved to the source's unary cost and column
@@ -177,7 +178,14 @@ def compact(problem: Problem) -> Compact:
                 f"nodes {', '.join(repr(n) for n in ms if n in problem.fixed)} are tied "
                 f"but fixed to different options {sorted(fixed)}"
             )
-        domain.append((fixed.pop(),) if fixed else tuple(range(n_options[i])))
+        keep = (fixed.pop(),) if fixed else tuple(range(n_options[i]))
+        for n in ms:
+            if n in problem.allowed:
+                keep = tuple(c for c in keep if c in problem.allowed[n])
+        if not keep:
+            raise Infeasible(f"no option of {', '.join(repr(n) for n in ms)} is both fixed "
+                             "(or tied) and allowed")
+        domain.append(keep)
     dom = tuple(domain)
 
     # components: the plain cost, then each overlapping part (Problem)

@@ -68,7 +68,7 @@ def forest_argmin(keys: list, unary: dict, pair: dict) -> dict:
             best_child[v] = np.argmin(cand, axis=1)  # first minimum: deterministic
             total[p] = total[p] + cand[np.arange(len(total[p])), best_child[v]]
         if not np.isfinite(total[root].min()):
-            raise FormulationError("fixed options leave no finite choice")
+            raise FormulationError("fixed and allowed options leave no finite choice")
         choice[root] = int(np.argmin(total[root]))
         for v in order[1:]:
             choice[v] = int(best_child[v][choice[parent[v]]])
@@ -93,6 +93,10 @@ def solve_tree(problem: Problem) -> Solution:
     for n, c in problem.fixed.items():  # forbid every other option
         mask = np.full(k[n], big)
         mask[c] = 0.0
+        unary[n] = unary[n] + mask
+    for n, cs in problem.allowed.items():
+        mask = np.full(k[n], big)
+        mask[list(cs)] = 0.0
         unary[n] = unary[n] + mask
 
     pair: dict[tuple[str, str], np.ndarray] = {}  # (a, b) with a < b -> matrix [a option][b option]

@@ -135,6 +135,9 @@ class Problem:
     tie: tuple[tuple[str, ...], ...] = ()
     fixed: Mapping[str, int] = field(default_factory=dict)
     warm_start: Mapping[str, int] | None = None
+    # node -> the options it may take (the others are out, as options other than a fixed one
+    # are); e.g. the options a bound proves no better plan uses are left out
+    allowed: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -142,6 +145,8 @@ class Problem:
         object.__setattr__(self, "side", tuple(self.side))
         object.__setattr__(self, "tie", tuple(tuple(g) for g in self.tie))
         object.__setattr__(self, "fixed", dict(self.fixed or {}))
+        object.__setattr__(self, "allowed", {n: tuple(int(c) for c in cs)
+                                             for n, cs in (self.allowed or {}).items()})
         if self.warm_start is not None:
             object.__setattr__(self, "warm_start", dict(self.warm_start))
         if self.capacities is not None:
@@ -189,6 +194,11 @@ class Problem:
                 raise InvalidProblem(f"tie group {g!r} mixes nodes with different option counts")
         for n, c in self.fixed.items():
             option(n, c, "fixed")
+        for n, cs in self.allowed.items():
+            if not cs:
+                raise InvalidProblem(f"allowed options of node {n!r}: none given")
+            for c in cs:
+                option(n, c, "allowed")
         for n, c in (self.warm_start or {}).items():
             option(n, c, "warm_start")
         for s in self.side:
@@ -270,6 +280,9 @@ def violations(problem: Problem, assignment: Mapping[str, int], *, memory: bool 
     for n, c in problem.fixed.items():
         if assignment[n] != c:
             out.append(f"node {n!r} is fixed to option {c}")
+    for n, cs in problem.allowed.items():
+        if assignment[n] not in cs:
+            out.append(f"node {n!r} takes option {assignment[n]}, not one of {list(cs)}")
     for g in problem.tie:
         if len({assignment[n] for n in g}) > 1:
             out.append(f"tie group {g!r} chooses different options")

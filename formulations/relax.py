@@ -18,16 +18,31 @@ on equalities) and d = c − Aᵀπ, every feasible w has
 
     c·w  =  π·(A w) + d·w  ≥  L  =  Σ_i π_i·(lo_i if π_i > 0 else up_i) + Σ_j min(0, d_j)·u_j
 
-and if the variables in a set J are at 1, c·w ≥ L + Σ_{j ∈ J} max(0, d_j). A plan using cell
-(r, s) of edge (u, v) has y[e,r,s] = 1, x[u,c] = 1 for some c ∈ P_e(r) and x[v,c'] = 1 for some
-c' ∈ Q_e(s), so
+and if the variables in a set J are at 1, c·w ≥ L + Σ_{j ∈ J} max(0, d_j) (d⁺ below). A plan
+that gives class u option c has x[u,c] = 1 and, on every edge f at u, one y at 1 in the row (or
+column) c projects to; those are distinct variables, so with
 
-    bound(e, r, s) = L + max(0, d_y) + min_{c ∈ P_e(r)} max(0, d_x[u,c]) + min_{c' ∈ Q_e(s)} max(0, d_x[v,c'])
+    g_F(u, c) = d⁺_x[u,c] + Σ_{f at u, f ∉ F} min_s d⁺_y[f, P_f(c), s]     (columns where u is f's dst)
+
+every plan giving u option c costs at least option_bound(u, c) = L + g_∅(u, c). A plan using cell
+(r, s) of edge e = (u, v) has y[e,r,s] = 1, x[u,c] = 1 for some c ∈ P_e(r) and x[v,c'] = 1 for
+some c' ∈ Q_e(s); counting each edge between u and v once (at u),
+
+    bound(e, r, s) = L + d⁺_y[e,r,s] + min_{c ∈ P_e(r)} g_{e}(u, c) + min_{c' ∈ Q_e(s)} g_{E(u,v)}(v, c')
+
+with E(u, v) the edges between u and v.
 
 With π the LP optimum's duals L is the LP's value. π is clipped to the right signs and d is
 recomputed from the model kept here, so the bounds hold whatever tolerances the LP solver
 worked to. Where some costs are lower bounds of the true ones (cells not priced yet), so are
 L and every bound(e, r, s): raising a cost only raises c·w.
+
+The weighted LP. For weights λ ≥ 0 with Σ λ_k = 1, max_k part_k ≥ Σ_k λ_k·part_k, so the LP
+without z and the maxpart rows, each column costing c + Σ_k λ_k·p_k (q_k on y), is a relaxation
+too, of every plan (no `upper`): its L and bounds hold the same way. With λ the maxpart rows'
+duals at the LP's optimum (`LpResult.weights`) its optimum equals the LP's, and it re-solves
+several times faster (HiGHS on these models: the rows that tie every part to z make each
+simplex iteration dearer), so the pricing rounds run on it and the LP only re-weighs.
 
 Re-solving: `update` (or `set_cell`, one cell at a time) takes the same problem with some costs
 raised (cells priced since) and changes only those coefficients; HiGHS starts from the last
@@ -38,6 +53,7 @@ the raised ones, so every bound stays valid) and reports no y.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +80,9 @@ class LpResult:
     _raw: float  # L in solver units
     _gain: np.ndarray  # max(0, d) per column
     _owner: "Relaxation"
+    # the maxpart rows' duals, normalised: the weights under which the weighted LP's value
+    # equals this one's (None without parts, or from the weighted LP)
+    weights: tuple[float, ...] | None = None
 
     def support(self, j: int) -> np.ndarray:
         """(r, s) pairs of edge j the LP solution uses."""
@@ -71,20 +90,34 @@ class LpResult:
         return np.zeros((0, 2), dtype=int) if y is None else np.argwhere(y > SUPPORT_TOL)
 
     def bounds(self, j: int) -> np.ndarray:
-        return self._owner._cell_bounds(j, self._raw, self._gain)
+        return self._owner._cell_bounds(j, self._raw, self._gain, self._edge_minima)
 
     def option_bounds(self, node: str) -> np.ndarray:
         """Per option of `node`: a bound on every plan that gives node that option."""
         o = self._owner
-        return o._seconds(self._raw + o._option_gain(o.class_of[node], self._gain))
+        return o._seconds(self._raw + o._option_gain(o.class_of[node], self._gain, (),
+                                                     self._edge_minima))
+
+    @property
+    def _edge_minima(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per edge with y: the least d⁺_y of each row and of each column (computed once)."""
+        cached = self.__dict__.get("_minima")
+        if cached is None:
+            cached = {j: (self._gain[c].min(axis=1), self._gain[c].min(axis=0))
+                      for j, c in enumerate(self._owner.ycols) if c is not None and c.size}
+            object.__setattr__(self, "_minima", cached)
+        return cached
 
 
 class Relaxation:
-    """The LP of `problem` with z ≤ `upper` (see the module docstring), kept in HiGHS."""
+    """The LP of `problem` with z ≤ `upper` (see the module docstring), kept in HiGHS; with
+    `weights` (a problem with parts) the weighted LP instead, z and maxpart rows left out."""
 
-    def __init__(self, problem: Problem, upper: float) -> None:
+    def __init__(self, problem: Problem, upper: float,
+                 weights: Sequence[float] | None = None) -> None:
         import highspy
         p = problem
+        self.weights = None if weights is None or not p.has_parts else _normal(weights)
         members, class_of = _classes(p)
         self.class_of = class_of
         self.names = [n.name for n in p.nodes]
@@ -97,7 +130,10 @@ class Relaxation:
             if n.parts is not None:
                 unary_parts[class_of[n.name]] += np.asarray(n.parts)
         fixed = {class_of[n]: c for n, c in p.fixed.items()}
-        self.parts = p.has_parts
+        barred = [set() for _ in k_opts]  # per class: options not allowed to some member
+        for n, cs in p.allowed.items():
+            barred[class_of[n]] |= set(range(nodes[n].n_options)) - set(cs)
+        self.parts = p.has_parts and self.weights is None  # z and the maxpart rows
         costs = [np.asarray(e.cost, dtype=float) for e in p.edges]
         self.shapes = [c.shape for c in costs]
         mags = [float(np.abs(u).max()) for u in unary + unary_parts]
@@ -106,6 +142,7 @@ class Relaxation:
         self.scale = scale = max([m for m in mags if m > 0] or [1.0])
 
         cost: list[float] = []
+        col_parts: list[tuple[int, int, float]] = []  # (column, part, coefficient)
         ub: list[float] = []
         ri: list[int] = []
         cj: list[int] = []
@@ -140,19 +177,25 @@ class Relaxation:
                 unary[u] += np.asarray(e.cost)[r, s]
                 if e.parts is not None:
                     unary_parts[u] += np.asarray(e.parts)[:, r, s]
-        # x: one column per option; options outside a fixed domain get upper bound 0
+        # per class: the edges at it that have y, and at which end (0: src, 1: dst)
+        self.incident: list[list[tuple[int, int]]] = [[] for _ in k_opts]
+        for j, (u, v) in enumerate(self.ends):
+            if u != v:
+                self.incident[u].append((j, 0))
+                self.incident[v].append((j, 1))
+        # x: one column per option; options outside a fixed or allowed domain get upper bound 0
         self.x = []
         for i, k in enumerate(k_opts):
-            dom = np.array([col(unary[i][c] / scale, 0.0 if i in fixed and fixed[i] != c
-                                else 1.0) for c in range(k)], dtype=int)
+            dom = np.array([col(unary[i][c] / scale,
+                                0.0 if (i in fixed and fixed[i] != c) or c in barred[i] else 1.0)
+                            for c in range(k)], dtype=int)
             self.x.append(dom)
             row([(int(j), 1.0) for j in dom], 1.0, 1.0)
         part_terms: list[list[tuple[int, float]]] = [[] for _ in range(MAX_PARTS)]
-        if self.parts:
-            for i, dom in enumerate(self.x):
-                for k in range(MAX_PARTS):
-                    part_terms[k] += [(int(j), -unary_parts[i][k, c] / scale)
-                                      for c, j in enumerate(dom) if unary_parts[i][k, c]]
+        for i, dom in enumerate(self.x):
+            for k in range(MAX_PARTS):
+                col_parts += [(int(j), k, unary_parts[i][k, c] / scale)
+                              for c, j in enumerate(dom) if unary_parts[i][k, c]]
         self.ycols: list[np.ndarray | None] = []
         self.cost_now: list[np.ndarray | None] = []
         self.parts_now: list[np.ndarray | None] = []
@@ -175,16 +218,18 @@ class Relaxation:
             for b in range(S):
                 row([(int(c), 1.0) for c in y[:, b]]
                     + [(int(self.x[v][c]), -1.0) for c in np.flatnonzero(s == b)], 0.0, 0.0)
-            if self.parts and e.parts is not None:
+            if p.has_parts and e.parts is not None:
                 pm = np.asarray(e.parts, dtype=float)
                 self.parts_now.append(pm.copy())
                 for k in range(MAX_PARTS):  # every cell, zeros too: later prices fill them
-                    part_terms[k] += [(int(y[a, b]), -pm[k, a, b] / scale)
-                                      for a in range(R) for b in range(S)]
+                    col_parts += [(int(y[a, b]), k, pm[k, a, b] / scale)
+                                  for a in range(R) for b in range(S)]
             else:
                 self.parts_now.append(None)
         self.part_rows: list[int] = []
         if self.parts:
+            for j, k, a in col_parts:
+                part_terms[k].append((j, -a))
             # z <= upper minus the least the plain terms can add up to (0 for costs in seconds)
             least = sum(min(0.0, float(u.min())) for u in unary) + sum(
                 min(0.0, float(costs[j].min())) for j, y in enumerate(self.ycols) if y is not None)
@@ -204,7 +249,14 @@ class Relaxation:
             row(terms, s_.rhs if s_.sense in (">=", "==") else -np.inf,
                 s_.rhs if s_.sense in ("<=", "==") else np.inf)
 
-        self.cost = np.asarray(cost)
+        # per column: the plain cost and the parts (solver units); the weighted LP's cost is
+        # plain + weights · parts
+        self.plain = np.asarray(cost, dtype=float)
+        self.col_parts = np.zeros((MAX_PARTS, len(cost)))
+        for j, k, a in col_parts:
+            self.col_parts[k, j] += a
+        self.cost = self.plain + (0.0 if self.weights is None else
+                                  np.asarray(self.weights) @ self.col_parts)
         self.ub = np.asarray(ub)
         self.lo, self.up = np.asarray(lo), np.asarray(up)
         # column-major, as HiGHS takes it; repeated (row, column) entries (tied nodes' memory,
@@ -266,14 +318,28 @@ class Relaxation:
         them); cost changes are handed to HiGHS at the next `solve`."""
         col = int(self.ycols[j][r, s])
         self.cost_now[j][r, s] = cost
-        self._pending[col] = cost / self.scale
+        self.plain[col] = cost / self.scale
         if parts is not None and self.parts_now[j] is not None:
             for k, value in enumerate(parts):
                 if value != self.parts_now[j][k, r, s]:
                     self.parts_now[j][k, r, s] = value
-                    row = self.part_rows[k]
-                    self.va[self._entry[(row, col)]] = -value / self.scale
-                    self.h.changeCoeff(row, col, -value / self.scale)
+                    self.col_parts[k, col] = value / self.scale
+                    if self.parts:
+                        row = self.part_rows[k]
+                        self.va[self._entry[(row, col)]] = -value / self.scale
+                        self.h.changeCoeff(row, col, -value / self.scale)
+        self._pending[col] = self.plain[col] + (0.0 if self.weights is None else float(
+            np.dot(self.weights, self.col_parts[:, col])))
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """New weights for the parts (the weighted LP only); from the next `solve`."""
+        if self.weights is None:
+            raise ValueError("set_weights: this relaxation keeps the max of the parts")
+        self.weights = _normal(weights)
+        self.cost = self.plain + np.asarray(self.weights) @ self.col_parts
+        self._pending = {}
+        cols = np.arange(len(self.cost), dtype=np.int32)
+        self.h.changeColsCost(len(cols), cols, self.cost)
 
     def solve(self) -> LpResult:
         import highspy
@@ -300,12 +366,20 @@ class Relaxation:
                       + np.sum(np.minimum(0.0, d) * self.ub))
         y = tuple(None if c is None else values[c] for c in self.ycols)
         x = {n: values[self.x[self.class_of[n]]] for n in self.names}
-        return LpResult(float(self._seconds(value)), y, x, value, np.maximum(0.0, d), self)
+        weights = _normal(pi[self.part_rows]) if self.parts else None
+        return LpResult(float(self._seconds(value)), y, x, value, np.maximum(0.0, d), self,
+                        weights)
 
-    def _option_gain(self, cls: int, gain: np.ndarray) -> np.ndarray:
-        """max(0, d) of a class's options; options outside a fixed domain: inf."""
+    def _option_gain(self, cls: int, gain: np.ndarray, skip, minima) -> np.ndarray:
+        """g_skip(cls, c) of the module docstring per option c: d⁺ of the option and the
+        least d⁺ of a y it forces on each edge at the class not in `skip`; options outside a
+        fixed or allowed domain: inf."""
         cols = self.x[cls]
-        return np.where(self.ub[cols] > 0, gain[cols], np.inf)
+        out = np.where(self.ub[cols] > 0, gain[cols], np.inf)
+        for j, end in self.incident[cls]:
+            if j not in skip and j in minima:
+                out = out + minima[j][end][self.proj[j][end]]
+        return out
 
     def _seconds(self, raw) -> np.ndarray | float:
         """Solver units to seconds, lowered by SAFETY (relative) against rounding."""
@@ -313,11 +387,13 @@ class Relaxation:
         with np.errstate(invalid="ignore"):  # inf (unreachable cells) stays inf
             return np.where(np.isfinite(v), v - SAFETY * np.abs(v), v)
 
-    def _cell_bounds(self, j: int, raw: float, gain: np.ndarray) -> np.ndarray:
+    def _cell_bounds(self, j: int, raw: float, gain: np.ndarray, minima) -> np.ndarray:
         u, v = self.ends[j]
         r, s = self.proj[j]
         R, S = self.shapes[j]
-        xu, xv = self._option_gain(u, gain), self._option_gain(v, gain)
+        xu = self._option_gain(u, gain, (j,), minima)
+        between = {f for f, _ in self.incident[u] if set(self.ends[f]) == {u, v}}
+        xv = self._option_gain(v, gain, between | {j}, minima)
         if self.ycols[j] is None:  # one shared choice decides the cell
             out = np.full((R, S), np.inf)
             np.minimum.at(out, (r, s), xu)
@@ -328,3 +404,10 @@ class Relaxation:
             np.minimum.at(best_s, s, xv)
             out = gain[self.ycols[j]] + best_r[:, None] + best_s[None, :]
         return self._seconds(raw + out)
+
+
+def _normal(weights) -> tuple[float, ...]:
+    """Non-negative weights summing to 1 (equal ones where none is positive)."""
+    w = np.maximum(0.0, np.asarray(weights, dtype=float))
+    total = float(w.sum())
+    return tuple(w / total) if total > 0 else (1.0 / MAX_PARTS,) * MAX_PARTS

@@ -3,6 +3,7 @@ determinism and the tree DP. Everything here is small: the whole file runs in we
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -63,7 +64,7 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
             epart = tuple(tuple(tuple(unit * draw(cost) for _ in range(rb)) for _ in range(ra))
                           for _ in range(2))
         edges.append(F.Edge(a, b, mat, pa, pb, epart))
-    tie, fixed, side, caps = (), {}, (), None
+    tie, fixed, side, caps, allowed = (), {}, (), None, {}
     if extras:
         by_k: dict[int, list[str]] = {}
         for name, k in zip(names, ks):
@@ -73,6 +74,9 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
         if draw(st.integers(0, 3)) == 0:
             i = draw(st.integers(0, n - 1))
             fixed = {names[i]: draw(st.integers(0, ks[i] - 1))}
+        if draw(st.integers(0, 3)) == 0:  # some options left out (e.g. by a bound)
+            i = draw(st.integers(0, n - 1))
+            allowed = {names[i]: tuple(draw(st.sets(st.integers(0, ks[i] - 1), min_size=1)))}
         if draw(st.integers(0, 2)) == 0:
             terms = tuple(
                 (names[i], draw(st.integers(0, ks[i] - 1)), float(draw(st.integers(-2, 3))))
@@ -81,7 +85,7 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
             side = (F.LinearConstraint(terms, draw(st.sampled_from(["<=", ">=", "=="])), float(draw(st.integers(0, 3))), "s0"),)
         if use_mem:
             caps = tuple(float(draw(st.integers(0, 9 * n))) for _ in range(n_res))
-    return F.Problem(tuple(nodes), tuple(edges), caps, side, tie, fixed)
+    return F.Problem(tuple(nodes), tuple(edges), caps, side, tie, fixed, allowed=allowed)
 
 
 def _product(ks):
@@ -137,8 +141,12 @@ def test_cbc_matches_brute_force(problem):
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(problems(tree=True, extras=False))
-def test_dp_matches_mip_on_trees(problem):
+@given(problems(tree=True, extras=False), st.data())
+def test_dp_matches_mip_on_trees(problem, data):
+    if data.draw(st.booleans()):  # some options of one node left out
+        n = data.draw(st.sampled_from(problem.nodes))
+        keep = data.draw(st.sets(st.integers(0, n.n_options - 1), min_size=1))
+        problem = dataclasses.replace(problem, allowed={n.name: tuple(keep)})
     dp, mip = F.solve_tree(problem), F.solve(problem)
     assert close(dp.objective, mip.objective)
     assert close(dp.objective, F.exhaustive(problem).objective)
@@ -330,12 +338,18 @@ def _cell(problem: F.Problem, j: int, a) -> tuple[int, int]:
 def test_lp_relaxation_bounds_every_plan_using_a_cell(problem, frac):
     # L is at most the optimum; a cell's bound is at most every plan using it (among the plans
     # no worse than `upper`, for which the LP was built)
+    _assert_lp_bounds_hold(problem, frac)
+
+
+def _assert_lp_bounds_hold(problem: F.Problem, frac: float, weights=None) -> None:
     plans = list(_plans(problem))
     if not plans:
         return
     best = min(o for _, o in plans)
-    upper = best + frac * (max(o for _, o in plans) - best)
-    res = Relaxation(problem, upper).solve()
+    # the weighted LP bounds every plan; the LP those no worse than `upper`
+    upper = max(o for _, o in plans) if weights is not None else \
+        best + frac * (max(o for _, o in plans) - best)
+    res = Relaxation(problem, upper, weights).solve()
     assert res.value <= best + TOL * max(1.0, abs(best))
     for j in range(len(problem.edges)):
         bounds = res.bounds(j)
@@ -348,6 +362,68 @@ def test_lp_relaxation_bounds_every_plan_using_a_cell(problem, frac):
         for a, obj in plans:
             if obj <= upper:
                 assert bounds[a[n.name]] <= obj + TOL * max(1.0, abs(obj)), (n.name, a)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(st.integers(2, 4), st.integers(2, 4), st.integers(2, 3), st.randoms(use_true_random=False),
+       st.floats(0.0, 1.0))
+def test_lp_bounds_count_parallel_edges_once(ka, kb, n_edges, rng, frac):
+    # edges between the same two nodes add their least reduced costs once each, on one side
+    cost = lambda r, c: tuple(tuple(float(rng.randint(0, 20)) for _ in range(c))  # noqa: E731
+                              for _ in range(r))
+    nodes = [F.Node("a", cost(1, ka)[0]), F.Node("b", cost(1, kb)[0]), F.Node("c", (0.0, 1.0))]
+    edges = [F.Edge("a", "b", cost(ka, kb)) for _ in range(n_edges)]
+    edges += [F.Edge("b", "c", cost(kb, 2)), F.Edge("c", "a", cost(2, ka))]
+    _assert_lp_bounds_hold(F.Problem(nodes, edges), frac)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True), st.floats(0.0, 1.0))
+def test_weighted_lp_bounds_every_plan(problem, w):
+    _assert_lp_bounds_hold(problem, 1.0, (w, 1.0 - w))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True))
+def test_weighted_lp_at_the_lp_duals_has_the_lp_value(problem):
+    # strong duality: relaxing the maxpart rows at their optimal multipliers loses nothing
+    plans = list(_plans(problem))
+    if not problem.has_parts or not plans:
+        return
+    upper = 2 * max(abs(o) for _, o in plans)  # z's bound, far from binding
+    full = Relaxation(problem, upper).solve()
+    weighted = Relaxation(problem, upper, full.weights)
+    lin = weighted.solve()
+    # to the LP solver's tolerances, which act on costs divided by `scale`
+    assert abs(lin.value - full.value) <= 1e-6 * weighted.scale, (lin.value, full.value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True, extras=False), st.randoms(use_true_random=False),
+       st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_weighted_lp_set_cell_and_weights_match_a_fresh_build(problem, rng, w0, w1):
+    if not problem.has_parts:
+        return
+    def raised(m):
+        return tuple(tuple(v * rng.choice([1.0, 1.0, 2.5]) for v in row) for row in m)
+    edges = tuple(F.Edge(e.src, e.dst, raised(e.cost), e.src_proj, e.dst_proj,
+                         None if e.parts is None else tuple(raised(p) for p in e.parts))
+                  for e in problem.edges)
+    after = dataclasses.replace(problem, edges=edges)
+    relax = Relaxation(problem, 1e9, (w0, 1.0 - w0))
+    relax.solve()
+    for j, e in enumerate(after.edges):
+        if relax.ycols[j] is None:
+            continue
+        for r, row in enumerate(e.cost):
+            for s, c in enumerate(row):
+                relax.set_cell(j, r, s, c, None if e.parts is None
+                               else tuple(p[r][s] for p in e.parts))
+    relax.set_weights((w1, 1.0 - w1))
+    want = Relaxation(after, 1e9, (w1, 1.0 - w1)).solve().value
+    got = relax.solve().value
+    # to the LP solver's tolerances (1e-7 on reduced costs): L may differ by that much
+    assert abs(got - want) <= 1e-6 * relax.scale, (got, want, relax.scale)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
