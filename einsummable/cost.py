@@ -31,6 +31,7 @@ import math
 import multiprocessing
 import os
 import time
+import weakref
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -43,9 +44,11 @@ from .spec import Region, region_shape, tuples
 
 DEFAULT_FLOP_EFFICIENCY = 1.0
 DEFAULT_MEM_EFFICIENCY = 1.0
-# Below this many unpriced pairs a process pool costs more than it saves.
+# Below this many unpriced pairs (or cells to bound) the worker processes cost more than they
+# save (measured: rounds of a few dozen pairs ran no faster on two workers than in-process).
 PARALLEL_MIN_PAIRS = 400
 PARALLEL_CHUNK = 64
+BOUND_PIECES = 32  # cell bounds go to the workers in about this many pieces of rows
 Needs = tuple[tuple[Region, int], ...]
 
 
@@ -207,10 +210,50 @@ class EdgePricer:
     # CPU seconds spent pricing and the pairs they priced (`predict_s`)
     spent_s: float = 0.0
     spent_pairs: int = 0
+    # worker processes, started on the first batch large enough to pay for them and kept for
+    # the next (each start forks this process); `close` ends them
+    _pool: ProcessPoolExecutor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.fast = self.topology if isinstance(self.topology, FastTopology) \
             else FastTopology(self.topology)
+
+    def _executor(self, workers: int) -> ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(self.fast.base, self.model.exchange_mode))
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        return self._pool
+
+    def fill_bounds(self, matrices: Sequence["EdgeMatrix"]) -> None:
+        """Compute the cell bounds of the matrices that have none yet, in the worker
+        processes when there are many cells (the same values as one by one)."""
+        todo = list({id(m): m for m in matrices if m._bounds is None}.values())
+        workers = self._workers_for(sum(len(m._spec[0]) * len(m._spec[1]) for m in todo))
+        if workers == 1:
+            for m in todo:
+                m.bounds  # noqa: B018 (computes and keeps them)
+            return
+        # pieces of a few rows each, so that the workers end together
+        total = sum(len(m._spec[0]) * len(m._spec[1]) for m in todo)
+        pieces = []
+        for m in todo:
+            lays, nds, elem = m._spec
+            rows = max(1, total // (BOUND_PIECES * max(1, len(nds))))
+            pieces += [(m, (lays[i:i + rows], nds, elem)) for i in range(0, len(lays), rows)]
+        got: dict[int, list] = {}
+        for (m, _), b in zip(pieces, self._executor(workers).map(_bounds_of,
+                                                                  [p for _, p in pieces])):
+            got.setdefault(id(m), []).extend(b)
+        for m in todo:
+            m._bounds = tuple(got[id(m)])
+
+    def close(self) -> None:
+        """End the worker processes (a later batch starts new ones)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     @staticmethod
     def key(info: TensorInfo, produced: Sequence[Piece], needs: Needs, agg: str | None):
@@ -291,18 +334,16 @@ class EdgePricer:
             if deadline is not None else [chunks]
         done = 0
         t0 = time.perf_counter()
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(self.fast.base, self.model.exchange_mode)) as pool:
-            for wave in waves:
-                if deadline is not None and time.perf_counter() >= deadline:
-                    break
-                longs = [[self._long(k) for k in chunk] for chunk in wave]
-                for chunk, res in zip(wave, pool.map(_price_chunk, longs)):
-                    for k, v in zip(chunk, res):
-                        self.calls += 1
-                        self._memo[k] = v
-                    done += len(chunk)
+        pool = self._executor(workers)
+        for wave in waves:
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            longs = [[self._long(k) for k in chunk] for chunk in wave]
+            for chunk, res in zip(wave, pool.map(_price_chunk, longs)):
+                for k, v in zip(chunk, res):
+                    self.calls += 1
+                    self._memo[k] = v
+                done += len(chunk)
         self.spent_s += (time.perf_counter() - t0) * workers
         self.spent_pairs += done
         return done
@@ -319,7 +360,7 @@ class EdgeMatrix:
 
     def __init__(self, pricer: EdgePricer, info: TensorInfo, layouts: Sequence,
                  needs: Sequence, agg: str | None) -> None:
-        from .bound import held_per_cut, min_latency, needed_per_cut, stitch_bound, wire_bound
+        from .bound import min_latency
         self.pricer = pricer
         lays = [tuple(l) for l in layouts]
         nds = [tuple(n) for n in needs]
@@ -330,15 +371,16 @@ class EdgeMatrix:
         topo = pricer.fast.base
         self._batched = weights_in_one_batch(topo)
         self._latency = min_latency(topo)
-        held = [held_per_cut(l, topo) for l in lays]
-        needed = [needed_per_cut(n, topo) for n in nds]
-        elem = DTYPE_BYTES[info.dtype]
-        slices = [l[0].n_slices if l else 1 for l in lays]
-        # per cell (seconds, local seconds): never above the exact EdgeCost's
-        self.bounds = tuple(tuple(
-            (lambda loc: (wire_bound(h, q, elem, topo) + loc, loc))(
-                stitch_bound(h, q, elem, k, topo)) for q in needed)
-            for h, k in zip(held, slices))
+        self._spec = (lays, nds, DTYPE_BYTES[info.dtype])
+        self._bounds: tuple | None = None
+
+    @property
+    def bounds(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """Per cell (seconds, local seconds), never above the exact EdgeCost's; computed on
+        first use, or for many matrices at once by `EdgePricer.fill_bounds`."""
+        if self._bounds is None:
+            self._bounds = cell_bounds(*self._spec, self.pricer.fast.base)
+        return self._bounds
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -373,6 +415,18 @@ class EdgeMatrix:
         self.pricer.prefetch_short([self.short(r, s) for r in range(R) for s in range(S)])
 
 
+def cell_bounds(layouts: Sequence, needs: Sequence, elem: int, topology):
+    """(seconds, local seconds) lower bounds per (layout, needs) cell (`bound.py`)."""
+    from .bound import held_per_cut, needed_per_cut, stitch_bound, wire_bound
+    held = [held_per_cut(l, topology) for l in layouts]
+    needed = [needed_per_cut(n, topology) for n in needs]
+    slices = [l[0].n_slices if l else 1 for l in layouts]
+    return tuple(tuple(
+        (lambda loc: (wire_bound(h, q, elem, topology) + loc, loc))(
+            stitch_bound(h, q, elem, k, topology)) for q in needed)
+        for h, k in zip(held, slices))
+
+
 def _price(key: tuple, topology, mode: str) -> EdgeCost:
     shape, dtype, agg, produced, needs = key
     ex = xchg.synthesize(TensorInfo("edge", shape, dtype), produced, needs, agg, topology,
@@ -395,6 +449,10 @@ def _init_worker(topology, mode: str) -> None:
 
 def _price_chunk(keys: list) -> list[EdgeCost]:
     return [_price(k, _WORKER["topology"], _WORKER["mode"]) for k in keys]
+
+
+def _bounds_of(spec: tuple):
+    return cell_bounds(*spec, _WORKER["topology"].base)
 
 
 def _cpus() -> int:

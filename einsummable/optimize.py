@@ -53,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from .candidates import OpCandidates, graph_candidates, roles, Roles, structural
 from .cost import (ComputeCost, CostModel, EdgeCost, EdgeMatrix, EdgePricer, compute_cost,
                    consumer_needs, finished_needs, needs_bytes, resident_bytes)
@@ -83,6 +85,10 @@ LP_PRICING_SHARE = 0.5
 # The last solve under a time limit charges every unpriced cell this multiple of the best exact
 # plan's cost, so that it keeps to priced cells (see `solve_lazily`).
 PRICED_ONLY_PENALTY = 1.01
+# A proved gap below this is float rounding in the sums (the objective re-added in another
+# order), not a missing proof: an optimal plan reports its objective as the bound, so the
+# same inputs give the same bytes whichever rounds (timed decisions) proved it.
+ROUNDING_GAP = 1e-12
 
 
 @dataclass(frozen=True)
@@ -386,6 +392,7 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         info = graph.tensor(y)
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
+    pricer.fill_bounds([e.matrix for e in edges])
     memory, caps = _memory(graph, topology, nodes, layouts, sh)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   _tie_groups(graph, nodes), memory, caps, r, pricer)
@@ -617,16 +624,40 @@ def lp_cell_bounds(model: Model, lp) -> dict[tuple, float]:
     return out
 
 
+@dataclass(frozen=True)
+class LpPhase:
+    """What `_lp_phase` leaves: `bound` holds for every plan, `cells` per pricer key and
+    `options` per node and option for every plan using them (`formulations.relax`); `best`
+    is the best exact plan (cost, choice) so far."""
+    bound: float
+    cells: dict[tuple, float]
+    options: dict[str, np.ndarray]
+    best: tuple[float, Mapping[str, int]]
+    converged: bool
+
+    def allowed(self, upper: float) -> tuple[dict[str, tuple[int, ...]], float]:
+        """Per node, the options whose bound does not exceed `upper` (a plan's exact cost:
+        the others are in no plan as good), and the least bound of those left out (inf if
+        none)."""
+        slack = upper * (1 + HOPEFUL_MARGIN)
+        keep: dict[str, tuple[int, ...]] = {}
+        out = float("inf")
+        for node, b in self.options.items():
+            ok = b <= slack
+            if not ok.all():
+                keep[node] = tuple(int(c) for c in np.flatnonzero(ok))
+                out = min(out, float(b[~ok].min()))
+        return keep, out
+
+
 def _lp_phase(model: Model, make_problem, best: tuple, n_hopeful: int, predicted: float,
-              stop: float):
-    """`lp_pricing` until `stop`, then its rounding as an incumbent. Returns (a bound on every
-    plan, LP bounds per pricer key, the best exact plan (cost, choice), whether it
-    converged)."""
+              stop: float) -> LpPhase:
+    """`lp_pricing` until `stop`, then its rounding as an incumbent."""
     log.info("pricing %d hopeful cells would take about %.1f s: LP relaxation first",
              n_hopeful, predicted)
     got = lp_pricing(model, make_problem, best[0], stop)
     if got is None:
-        return 0.0, {}, best, False
+        return LpPhase(0.0, {}, {}, best, False)
     lp, converged = got
     rounded = lp_rounding(model, lp, make_problem)
     if rounded is not None:
@@ -634,7 +665,8 @@ def _lp_phase(model: Model, make_problem, best: tuple, n_hopeful: int, predicted
         log.info("LP solution rounded: a plan of %.6g s", exact)
         if exact < best[0]:
             best = (exact, rounded)
-    return lp.value, lp_cell_bounds(model, lp), best, converged
+    return LpPhase(lp.value, lp_cell_bounds(model, lp),
+                   {n: lp.option_bounds(n) for n in lp.x}, best, converged)
 
 
 def lp_rounding(model: Model, lp, make_problem) -> dict[str, int] | None:
@@ -662,13 +694,18 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
     lower bound on every plan (estimates never exceed the costs), and where the LP is tight,
     as the pairwise relaxation of these models is once its cells are priced, the cells it
     ends on are the ones the best plans use: a few hundred where the rounds of MIP solves
-    would price thousands. Returns the last `formulations.relax.LpResult` and whether it
-    converged, or None where the LP could not be solved."""
+    would price thousands. With overlap the rounds between two LP solves run on the weighted
+    LP at the last LP's weights (`formulations.relax`: same optimum at those weights, and
+    several times faster to re-solve); the LP then re-weighs, and ends the loop once it too
+    uses priced cells only. Returns the last LP's `formulations.relax.LpResult` and whether
+    it converged, or None where the LP could not be solved."""
     from formulations.errors import SolveFailed
     from formulations.relax import Relaxation
     t0 = time.perf_counter()
     try:
-        relax = Relaxation(make_problem(None, 0.0), upper)
+        problem = make_problem(None, 0.0)
+        relax = Relaxation(problem, upper)
+        weighted = None
         where: dict[tuple, list[tuple[int, int, int]]] = {}  # pricer key -> its cells
         for j, e in enumerate(model.edges):
             if relax.ycols[j] is None:
@@ -677,27 +714,53 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
             for r in range(R):
                 for s_ in range(S):
                     where.setdefault(e.matrix.short(r, s_), []).append((j, r, s_))
-        rounds = 0
-        while True:
-            res = relax.solve()
-            rounds += 1
+
+        def price(res) -> bool:
+            """Price the cells `res` uses; False where none is left or time is up."""
             todo: dict[tuple, None] = {}
             for j, e in enumerate(model.edges):
                 for r, s_ in res.support(j):
                     if not e.matrix.priced(r, s_):
                         todo[e.matrix.short(r, s_)] = None
             if not todo or time.perf_counter() >= stop_at:
-                log.info("LP relaxation: %d rounds in %.2f s, bound %.6g s%s", rounds,
-                         time.perf_counter() - t0, res.value,
-                         "" if not todo else f" ({len(todo)} cells it uses left unpriced)")
-                return res, not todo
+                return False
             model.pricer.prefetch_short(list(todo), stop_at)
             for key in todo:
                 x = model.pricer.known_short(key)
                 if x is None:  # out of time before it was priced
                     continue
                 for j, r, s_ in where[key]:
-                    relax.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
+                    terms = cell_terms(model, model.edges[j], x)
+                    relax.set_cell(j, r, s_, *terms)
+                    if weighted is not None:
+                        weighted.set_cell(j, r, s_, *terms)
+            return True
+
+        rounds = weighted_rounds = 0
+        while True:
+            res = relax.solve()
+            rounds += 1
+            if not price(res):
+                break
+            if res.weights is None:
+                continue
+            if weighted is None:
+                weighted = Relaxation(problem, upper, res.weights)
+                for key, cells in where.items():  # the prices made since `problem` was built
+                    x = model.pricer.known_short(key)
+                    if x is not None:
+                        for j, r, s_ in cells:
+                            weighted.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
+            else:
+                weighted.set_weights(res.weights)
+            while price(weighted.solve()):
+                weighted_rounds += 1
+        left = sum(1 for j, e in enumerate(model.edges) for r, s_ in res.support(j)
+                   if not e.matrix.priced(r, s_))
+        log.info("LP relaxation: %d rounds (and %d weighted) in %.2f s, bound %.6g s%s",
+                 rounds, weighted_rounds, time.perf_counter() - t0, res.value,
+                 "" if not left else f" ({left} cells it uses left unpriced)")
+        return res, not left
     except SolveFailed as exc:
         log.info("LP relaxation failed (%s); the MIP rounds go on without it", exc)
         return None
@@ -755,6 +818,7 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     # short before its root relaxation proves one
     bound = floor_s(model)
     priced_only = False  # the last solve: unpriced cells out of reach
+    lp: LpPhase | None = None
     lp_bounds: dict[tuple, float] | None = None  # from the LP relaxation, once it ran
     exact_next = False  # every hopeful cell is priced: the next solve is exact
     lp_considered = False
@@ -770,11 +834,11 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
                 stop = time.perf_counter() + LP_PRICING_SHARE * predicted
                 if deadline is not None:
                     stop = min(stop, time.perf_counter() + (deadline - time.perf_counter()) / 2)
-                lp_value, lp_bounds, best, converged = _lp_phase(
-                    model, make_problem, best, n_hopeful, predicted, stop)
-                bound = max(bound, lp_value)
+                lp = _lp_phase(model, make_problem, best, n_hopeful, predicted, stop)
+                bound = max(bound, lp.bound)
+                best, lp_bounds = lp.best, lp.cells
                 warm = best[1]
-                if not converged:  # price what could still matter before the next solve
+                if not lp.converged:  # price what could still matter before the next solve
                     hopeful = hopeful_cells(model, best[0], lp_bounds)
                     done = _price_logged(
                         model, hopeful, f"cells that could be in a plan <= {best[0]:.6g} s",
@@ -787,6 +851,14 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         penalty = PRICED_ONLY_PENALTY * best[0] if priced_only and best is not None else 0.0
         t_solve = time.perf_counter()
         problem = make_problem(warm, penalty)
+        barred_s = float("inf")  # the least bound of the options left out
+        if lp is not None:  # options the LP proves in no plan as good as the best: out
+            allowed, barred_s = lp.allowed(best[0])
+            if allowed:
+                problem = dataclasses.replace(problem, allowed=allowed)
+                log.info("LP bounds leave out %d of %d options", sum(
+                    len(lp.options[n]) - len(cs) for n, cs in allowed.items()),
+                    sum(len(b) for b in lp.options.values()))
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             left = 1e-3  # one more (short) solve returns the incumbent found so far
@@ -800,8 +872,8 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
             return sol
         rounds += 1
         _price_logged(model, todo, "the solution's cells")
-        if not penalty:
-            bound = max(bound, sol.bound)
+        if not penalty:  # the solve's bound holds for the options kept; the others: barred_s
+            bound = max(bound, min(sol.bound, barred_s))
         exact = model.objective(sol.assignment)
         if best is None or exact < best[0]:
             best = (exact, sol.assignment)
@@ -1075,7 +1147,10 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     solve_s = time.perf_counter() - t0
     extra = {"solver": solver, "status": sol.status, "time_limit_s": time_limit_s,
              "warm_start": best_named[2] if best_named else None}
-    plan = _plan(model, sol.assignment, sol.objective, sol.bound, sol.gap, solve_s, extra)
+    bound, gap = sol.bound, sol.gap
+    if sol.status == "optimal" and gap <= ROUNDING_GAP:
+        bound, gap = sol.objective, 0.0
+    plan = _plan(model, sol.assignment, sol.objective, bound, gap, solve_s, extra)
     if path is not None:
         _store(path, plan)
     return plan

@@ -131,6 +131,33 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
     assert not math.isnan(sum(v.seconds for v in serial._memo.values()))
 
 
+def test_cell_bounds_in_the_workers_match_serial(monkeypatch):
+    # fill_bounds cuts the matrices into pieces of rows for the worker processes; the pool it
+    # starts is kept for the next batch and ends with `close`
+    from einsummable.cost import EdgeMatrix
+    from einsummable.spec import decompositions
+    topo = synthetic(8, nodes=2)
+    g = _matmul(m=64, k=128, n=32)
+    mm, relu = g.ops
+    info = g.tensor(mm.output)
+    devs = list(range(8))
+    lays = [output_layout(mm, place(mm, d.part, devs)) for d in decompositions(mm, 8)]
+    needs = [consumer_needs(relu, place(relu, d.part, devs), mm.output)
+             for d in decompositions(relu, 8)]
+    monkeypatch.setattr("einsummable.cost.PARALLEL_MIN_PAIRS", 1)
+    monkeypatch.setattr("einsummable.cost.BOUND_PIECES", 5)
+    serial, par = EdgePricer(topo, workers=1), EdgePricer(topo, workers=2)
+    one = [EdgeMatrix(serial, info, lays, needs, mm.agg),
+           EdgeMatrix(serial, info, lays[:3], needs, None)]
+    two = [EdgeMatrix(par, info, lays, needs, mm.agg), EdgeMatrix(par, info, lays[:3], needs, None)]
+    par.fill_bounds(two)
+    assert par._pool is not None and all(m._bounds is not None for m in two)
+    assert [m.bounds for m in one] == [m.bounds for m in two]
+    assert len(two[0].bounds) == len(lays) and len(two[0].bounds[0]) == len(needs)
+    par.close()
+    assert par._pool is None
+
+
 @pytest.mark.parametrize("topo", [synthetic(4), synthetic(8, nodes=2), load_topology("dgx1-v100"),
                                   load_topology("pcie4-numa"), load_topology("cpu4")],
                          ids=lambda t: t.name)
