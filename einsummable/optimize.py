@@ -82,6 +82,9 @@ MIN_SOLVE_SHARE = 0.5
 # for at most LP_PRICING_SHARE of that prediction (a phase cut short still bounds cells).
 LP_PRICING_MIN_S = 20.0
 LP_PRICING_SHARE = 0.5
+# At most this many weighted-LP rounds between two LP solves: weights from an LP far from
+# converged go stale (h100x8x2 llama-30b once spent its whole LP budget on its first ones).
+WEIGHTED_ROUNDS = 8
 # The last solve under a time limit charges every unpriced cell this multiple of the best exact
 # plan's cost, so that it keeps to priced cells (see `solve_lazily`).
 PRICED_ONLY_PENALTY = 1.01
@@ -696,7 +699,7 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
     ends on are the ones the best plans use: a few hundred where the rounds of MIP solves
     would price thousands. With overlap the rounds between two LP solves run on the weighted
     LP at the last LP's weights (`formulations.relax`: same optimum at those weights, and
-    several times faster to re-solve); the LP then re-weighs, and ends the loop once it too
+    about three times faster to re-solve); the LP then re-weighs, and ends the loop once it too
     uses priced cells only. Returns the last LP's `formulations.relax.LpResult` and whether
     it converged, or None where the LP could not be solved."""
     from formulations.errors import SolveFailed
@@ -753,7 +756,9 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
                             weighted.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
             else:
                 weighted.set_weights(res.weights)
-            while price(weighted.solve()):
+            for _ in range(WEIGHTED_ROUNDS):
+                if not price(weighted.solve()):
+                    break
                 weighted_rounds += 1
         left = sum(1 for j, e in enumerate(model.edges) for r, s_ in res.support(j)
                    if not e.matrix.priced(r, s_))

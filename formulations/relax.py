@@ -22,13 +22,15 @@ and if the variables in a set J are at 1, c·w ≥ L + Σ_{j ∈ J} max(0, d_j) 
 that gives class u option c has x[u,c] = 1 and, on every edge f at u, one y at 1 in the row (or
 column) c projects to; those are distinct variables, so with
 
-    g_F(u, c) = d⁺_x[u,c] + Σ_{f at u, f ∉ F} min_s d⁺_y[f, P_f(c), s]     (columns where u is f's dst)
+    g_F(u, c) = d⁺_x[u,c] + Σ_{f at u, f ∉ F} min_s d⁺_y[f, P_f(c), s]
 
-every plan giving u option c costs at least option_bound(u, c) = L + g_∅(u, c). A plan using cell
-(r, s) of edge e = (u, v) has y[e,r,s] = 1, x[u,c] = 1 for some c ∈ P_e(r) and x[v,c'] = 1 for
-some c' ∈ Q_e(s); counting each edge between u and v once (at u),
+(min_r d⁺_y[f, r, Q_f(c)] where u is f's dst), every plan giving u option c costs at least
+option_bound(u, c) = L + g_∅(u, c). A plan using cell (r, s) of edge e = (u, v) has
+y[e,r,s] = 1, x[u,c] = 1 for some c ∈ P_e(r) and x[v,c'] = 1 for some c' ∈ Q_e(s); counting
+each edge between u and v once (at u),
 
-    bound(e, r, s) = L + d⁺_y[e,r,s] + min_{c ∈ P_e(r)} g_{e}(u, c) + min_{c' ∈ Q_e(s)} g_{E(u,v)}(v, c')
+    bound(e, r, s) = L + d⁺_y[e,r,s] + min_{c ∈ P_e(r)} g_{e}(u, c)
+                       + min_{c' ∈ Q_e(s)} g_{E(u,v)}(v, c')
 
 with E(u, v) the edges between u and v.
 
@@ -41,8 +43,9 @@ The weighted LP. For weights λ ≥ 0 with Σ λ_k = 1, max_k part_k ≥ Σ_k λ
 without z and the maxpart rows, each column costing c + Σ_k λ_k·p_k (q_k on y), is a relaxation
 too, of every plan (no `upper`): its L and bounds hold the same way. With λ the maxpart rows'
 duals at the LP's optimum (`LpResult.weights`) its optimum equals the LP's, and it re-solves
-several times faster (HiGHS on these models: the rows that tie every part to z make each
-simplex iteration dearer), so the pricing rounds run on it and the LP only re-weighs.
+about three times faster (h100x8x2 llama-7b: 0.2 s against 0.6 s; the rows that tie every
+part to z make each simplex iteration dearer), so the pricing rounds run on it and the LP
+only re-weighs.
 
 Re-solving: `update` (or `set_cell`, one cell at a time) takes the same problem with some costs
 raised (cells priced since) and changes only those coefficients; HiGHS starts from the last
