@@ -362,6 +362,11 @@ class Relaxation:
         pi = np.asarray(sol.row_dual, dtype=float).copy()
         pi[np.isinf(self.up) & (pi < 0)] = 0.0  # >= rows: pi >= 0
         pi[np.isinf(self.lo) & (pi > 0)] = 0.0  # <= rows: pi <= 0
+        if self.parts:  # z costs 1: maxpart duals summing past 1 (by the solver's tolerance)
+            # would charge min(0, d_z)·upper, a large loss where upper is large
+            total = pi[self.part_rows].sum()
+            if total > 1.0:
+                pi[self.part_rows] /= total
         d = self.cost.copy()
         np.subtract.at(d, self.cj, self.va * pi[self.ri])
         side = np.where(pi > 0, self.lo, self.up)
