@@ -56,6 +56,7 @@ the raised ones, so every bound stays valid) and reports no y.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,15 +102,11 @@ class LpResult:
         return o._seconds(self._raw + o._option_gain(o.class_of[node], self._gain, (),
                                                      self._edge_minima))
 
-    @property
+    @functools.cached_property
     def _edge_minima(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Per edge with y: the least d⁺_y of each row and of each column (computed once)."""
-        cached = self.__dict__.get("_minima")
-        if cached is None:
-            cached = {j: (self._gain[c].min(axis=1), self._gain[c].min(axis=0))
-                      for j, c in enumerate(self._owner.ycols) if c is not None and c.size}
-            object.__setattr__(self, "_minima", cached)
-        return cached
+        return {j: (self._gain[c].min(axis=1), self._gain[c].min(axis=0))
+                for j, c in enumerate(self._owner.ycols) if c is not None and c.size}
 
 
 class Relaxation:
