@@ -84,6 +84,9 @@ LP_PRICING_MIN_S = 20.0
 LP_PRICING_SHARE = 0.5
 # At most this many weighted-LP rounds between two LP solves: weights from an LP far from
 # converged go stale (h100x8x2 llama-30b once spent its whole LP budget on its first ones).
+# 0 under a time limit: with 20 s the LP phase gets about 7 s on h100x8x2, and LP solves
+# only gave llama-13b 1.276 ms in four runs of five (Megatron TP's 1.403 in the fifth), 8
+# weighted rounds 1.403 in three of four (1.263 in the fourth). Timing decides much there.
 WEIGHTED_ROUNDS = 8
 # The last solve under a time limit charges every unpriced cell this multiple of the best exact
 # plan's cost, so that it keeps to priced cells (see `solve_lazily`).
@@ -654,11 +657,11 @@ class LpPhase:
 
 
 def _lp_phase(model: Model, make_problem, best: tuple, n_hopeful: int, predicted: float,
-              stop: float) -> LpPhase:
+              stop: float, weighted_rounds: int) -> LpPhase:
     """`lp_pricing` until `stop`, then its rounding as an incumbent."""
     log.info("pricing %d hopeful cells would take about %.1f s: LP relaxation first",
              n_hopeful, predicted)
-    got = lp_pricing(model, make_problem, best[0], stop)
+    got = lp_pricing(model, make_problem, best[0], stop, weighted_rounds)
     if got is None:
         return LpPhase(0.0, {}, {}, best, False)
     lp, converged = got
@@ -690,15 +693,16 @@ def cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | N
     return x.seconds, None
 
 
-def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
+def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
+               weighted_rounds: int = WEIGHTED_ROUNDS):
     """Price what the LP relaxation uses until it uses priced cells only (column generation):
     solve the LP on the estimates, price the unpriced cells its solution uses, re-solve from
     the last basis, until none is left or the clock passes `stop_at`. Each round's value is a
     lower bound on every plan (estimates never exceed the costs), and where the LP is tight,
     as the pairwise relaxation of these models is once its cells are priced, the cells it
     ends on are the ones the best plans use: a few hundred where the rounds of MIP solves
-    would price thousands. With overlap the rounds between two LP solves run on the weighted
-    LP at the last LP's weights (`formulations.relax`: same optimum at those weights, and
+    would price thousands. With overlap up to `weighted_rounds` rounds between two LP solves
+    run on the weighted LP at the last LP's weights (`formulations.relax`: same optimum at those weights, and
     about three times faster to re-solve); the LP then re-weighs, and ends the loop once it too
     uses priced cells only. Returns the last LP's `formulations.relax.LpResult` and whether
     it converged, or None where the LP could not be solved."""
@@ -745,7 +749,7 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
             rounds += 1
             if not price(res):
                 break
-            if res.weights is None:
+            if res.weights is None or not weighted_rounds:
                 continue
             if weighted is None:
                 weighted = Relaxation(problem, upper, res.weights)
@@ -756,7 +760,7 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float):
                             weighted.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
             else:
                 weighted.set_weights(res.weights)
-            for _ in range(WEIGHTED_ROUNDS):
+            for _ in range(weighted_rounds):
                 if not price(weighted.solve()):
                     break
                 weighted_rounds += 1
@@ -839,7 +843,10 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
                 stop = time.perf_counter() + LP_PRICING_SHARE * predicted
                 if deadline is not None:
                     stop = min(stop, time.perf_counter() + (deadline - time.perf_counter()) / 2)
-                lp = _lp_phase(model, make_problem, best, n_hopeful, predicted, stop)
+                # under a time limit the phase has seconds: an LP solve every round keeps
+                # its bound and rounding current (WEIGHTED_ROUNDS)
+                lp = _lp_phase(model, make_problem, best, n_hopeful, predicted, stop,
+                               WEIGHTED_ROUNDS if deadline is None else 0)
                 bound = max(bound, lp.bound)
                 best, lp_bounds = lp.best, lp.cells
                 warm = best[1]
