@@ -702,9 +702,9 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
     as the pairwise relaxation of these models is once its cells are priced, the cells it
     ends on are the ones the best plans use: a few hundred where the rounds of MIP solves
     would price thousands. With overlap up to `weighted_rounds` rounds between two LP solves
-    run on the weighted LP at the last LP's weights (`formulations.relax`: same optimum at those weights, and
-    about three times faster to re-solve); the LP then re-weighs, and ends the loop once it too
-    uses priced cells only. Returns the last LP's `formulations.relax.LpResult` and whether
+    run on the weighted LP at the last LP's weights (`formulations.relax`: same optimum at
+    those weights, and about three times faster to re-solve); the LP then re-weighs, and
+    ends the loop once it too uses priced cells only. Returns the last LP's `formulations.relax.LpResult` and whether
     it converged, or None where the LP could not be solved."""
     from formulations.errors import SolveFailed
     from formulations.relax import Relaxation
@@ -743,7 +743,7 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
                         weighted.set_cell(j, r, s_, *terms)
             return True
 
-        rounds = weighted_rounds = 0
+        rounds = n_weighted = 0
         while True:
             res = relax.solve()
             rounds += 1
@@ -763,11 +763,11 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
             for _ in range(weighted_rounds):
                 if not price(weighted.solve()):
                     break
-                weighted_rounds += 1
+                n_weighted += 1
         left = sum(1 for j, e in enumerate(model.edges) for r, s_ in res.support(j)
                    if not e.matrix.priced(r, s_))
         log.info("LP relaxation: %d rounds (and %d weighted) in %.2f s, bound %.6g s%s",
-                 rounds, weighted_rounds, time.perf_counter() - t0, res.value,
+                 rounds, n_weighted, time.perf_counter() - t0, res.value,
                  "" if not left else f" ({left} cells it uses left unpriced)")
         return res, not left
     except SolveFailed as exc:

@@ -47,12 +47,12 @@ about three times faster (h100x8x2 llama-7b: 0.2 s against 0.6 s; the rows that 
 part to z make each simplex iteration dearer), so the pricing rounds run on it and the LP
 only re-weighs.
 
-Re-solving: `update` (or `set_cell`, one cell at a time) takes the same problem with some costs
-raised (cells priced since) and changes only those coefficients; HiGHS starts from the last
-basis (presolve off), which is what makes many rounds of price-and-re-solve cheap
-(`einsummable.optimize.lp_pricing`). An edge between two nodes of one tie group is a unary
-cost of their shared choice here; it keeps the costs it was built with (still lower bounds of
-the raised ones, so every bound stays valid) and reports no y.
+Re-solving: `set_cell` gives a cell of the same problem a raised cost (priced since) and
+changes only its coefficients; HiGHS starts from the last basis (presolve off), which is
+what makes many rounds of price-and-re-solve cheap (`einsummable.optimize.lp_pricing`). An
+edge between two nodes of one tie group is a unary cost of their shared choice here; it keeps
+the costs it was built with (still lower bounds of the raised ones, so every bound stays
+valid) and reports no y.
 """
 from __future__ import annotations
 
@@ -197,20 +197,17 @@ class Relaxation:
                 col_parts += [(int(j), k, unary_parts[i][k, c] / scale)
                               for c, j in enumerate(dom) if unary_parts[i][k, c]]
         self.ycols: list[np.ndarray | None] = []
-        self.cost_now: list[np.ndarray | None] = []
         self.parts_now: list[np.ndarray | None] = []
         for j, e in enumerate(p.edges):
             u, v = class_of[e.src], class_of[e.dst]
             if u == v:
                 self.ycols.append(None)
-                self.cost_now.append(None)
                 self.parts_now.append(None)
                 continue
             R, S = costs[j].shape
             y = np.array([[col(costs[j][a, b] / scale) for b in range(S)] for a in range(R)],
                          dtype=int).reshape(R, S)
             self.ycols.append(y)
-            self.cost_now.append(costs[j].copy())
             r, s = self.proj[j]
             for a in range(R):
                 row([(int(c), 1.0) for c in y[a]]
@@ -295,29 +292,11 @@ class Relaxation:
         if self.h.passModel(lp) != highspy.HighsStatus.kOk:
             raise SolveFailed("HiGHS did not accept the LP relaxation")
 
-    def update(self, problem: Problem) -> int:
-        """Take the costs of `problem` (the same problem, some costs changed), cell by cell
-        through `set_cell`; returns how many cells changed."""
-        changed = 0
-        for j, e in enumerate(problem.edges):
-            if self.ycols[j] is None:
-                continue
-            c = np.asarray(e.cost, dtype=float)
-            pm = None if self.parts_now[j] is None else np.asarray(e.parts, dtype=float)
-            diff = c != self.cost_now[j]
-            if pm is not None:
-                diff |= (pm != self.parts_now[j]).any(axis=0)
-            for a, b in np.argwhere(diff):
-                self.set_cell(j, a, b, c[a, b], None if pm is None else tuple(pm[:, a, b]))
-                changed += 1
-        return changed
-
     def set_cell(self, j: int, r: int, s: int, cost: float,
                  parts: tuple[float, ...] | None = None) -> None:
         """Give cell (r, s) of problem edge j a new cost (and parts, on an edge that has
         them); cost changes are handed to HiGHS at the next `solve`."""
         col = int(self.ycols[j][r, s])
-        self.cost_now[j][r, s] = cost
         self.plain[col] = cost / self.scale
         if parts is not None and self.parts_now[j] is not None:
             for k, value in enumerate(parts):
@@ -362,8 +341,8 @@ class Relaxation:
         if self.parts:  # z costs 1: maxpart duals summing past 1 (by the solver's tolerance)
             # would charge min(0, d_z)·upper, a large loss where upper is large
             total = pi[self.part_rows].sum()
-            if total > 1.0:
-                pi[self.part_rows] /= total
+            if total > 1.0:  # a hair below 1 after rounding, so that d_z stays >= 0
+                pi[self.part_rows] /= total * (1 + 4 * np.finfo(float).eps)
         d = self.cost.copy()
         np.subtract.at(d, self.cj, self.va * pi[self.ri])
         side = np.where(pi > 0, self.lo, self.up)

@@ -176,6 +176,14 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
         calls.append(got)
         return got
     monkeypatch.setattr(O, "lp_pricing", spy)
+    from formulations.relax import Relaxation
+    weighted_solves = []
+    real_solve = Relaxation.solve
+
+    def counted(self):
+        weighted_solves.append(self.weights is not None)
+        return real_solve(self)
+    monkeypatch.setattr(Relaxation, "solve", counted)
     ran = 0
     for trial, name, model in _random_models(5, 40):
         calls.clear()
@@ -187,6 +195,7 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
                 ran += 1
                 assert got[0].value <= best * (1 + 1e-9) + 1e-15, (trial, name)
     assert ran >= 5  # the LP path ran on enough of them
+    assert any(weighted_solves)  # and the weighted LP's rounds with overlap
 
 
 def _mlp(tokens, d=4096, f=16384):
