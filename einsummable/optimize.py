@@ -661,7 +661,7 @@ def _lp_phase(model: Model, make_problem, best: tuple, n_hopeful: int, predicted
     """`lp_pricing` until `stop`, then its rounding as an incumbent."""
     log.info("pricing %d hopeful cells would take about %.1f s: LP relaxation first",
              n_hopeful, predicted)
-    got = lp_pricing(model, make_problem, best[0], stop, weighted_rounds)
+    got = lp_pricing(model, make_problem, best[0], stop, weighted_rounds, seed=best[1])
     if got is None:
         return LpPhase(0.0, {}, {}, best, False)
     lp, converged = got
@@ -694,7 +694,7 @@ def cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | N
 
 
 def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
-               weighted_rounds: int = WEIGHTED_ROUNDS):
+               weighted_rounds: int = WEIGHTED_ROUNDS, seed: Mapping[str, int] | None = None):
     """Price what the LP relaxation uses until it uses priced cells only (column generation):
     solve the LP on the estimates, price the unpriced cells its solution uses, re-solve from
     the last basis, until none is left or the clock passes `stop_at`. Each round's value is a
@@ -711,7 +711,10 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
     t0 = time.perf_counter()
     try:
         problem = make_problem(None, 0.0)
-        relax = Relaxation(problem, upper)
+        # the cells of a plan (`seed`, the incumbent) among the LP's first columns: a
+        # feasible start for its column generation
+        cells = [] if seed is None else [(j, *e.cell(seed)) for j, e in enumerate(model.edges)]
+        relax = Relaxation(problem, upper, cells=cells)
         weighted = None
         where: dict[tuple, list[tuple[int, int, int]]] = {}  # pricer key -> its cells
         for j, e in enumerate(model.edges):
@@ -752,7 +755,7 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
             if res.weights is None or not weighted_rounds:
                 continue
             if weighted is None:
-                weighted = Relaxation(problem, upper, res.weights)
+                weighted = Relaxation(problem, upper, res.weights, cells=relax.held_cells())
                 for key, cells in where.items():  # the prices made since `problem` was built
                     x = model.pricer.known_short(key)
                     if x is not None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import formulations as F
+import formulations.relax as relax_module
 from formulations.relax import Relaxation
 
 TOL = 1e-9
@@ -454,3 +456,52 @@ def test_lp_relaxation_set_cell_matches_a_fresh_build(problem, rng):
     # to the LP solver's tolerances (1e-7 on the scaled costs): a re-solve from the last
     # basis may stop at another point within them
     assert abs(got - want) <= 1e-6 * relax.scale, (got, want)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+@given(problems(parts=True), st.floats(0.0, 1.0), st.sampled_from([None, 0.3]))
+def test_lp_column_generation_ends_at_the_lp_over_every_column(problem, frac, w):
+    # HiGHS starting from a few columns per row (column generation) ends at the value it has
+    # with every column held, and the bounds it gives on the way hold
+    weights = None if w is None else (w, 1.0 - w)
+    plans = list(_plans(problem))
+    if not plans:
+        return
+    upper = 2 * max(abs(o) for _, o in plans)
+    with mock.patch.object(relax_module, "FIRST_CHEAPEST", 1):
+        few = Relaxation(problem, upper, weights)
+        got = few.solve().value
+        _assert_lp_bounds_hold(problem, frac, weights)
+    with mock.patch.object(relax_module, "FIRST_CHEAPEST", 10 ** 6):
+        every = Relaxation(problem, upper, weights)
+        assert every.active.all()
+        want = every.solve().value
+    assert abs(got - want) <= 1e-6 * every.scale, (got, want)
+
+
+def test_lp_column_generation_adds_the_columns_it_needs():
+    problem = _big_random(3, n=40, k=8, mem=True)
+    with mock.patch.object(relax_module, "FIRST_CHEAPEST", 1):
+        few = Relaxation(problem, 1e9)
+        held = int(few.active.sum())
+        got = few.solve().value
+    assert held < len(few.active) // 3  # it started with few columns
+    assert few.active.sum() > held  # and the duals called more in
+    with mock.patch.object(relax_module, "FIRST_CHEAPEST", 10 ** 6):
+        want = Relaxation(problem, 1e9).solve().value
+    assert abs(got - want) <= 1e-6 * few.scale, (got, want)
+
+
+def test_lp_column_generation_recovers_from_an_infeasible_start():
+    # the cheapest cell of each row and column leaves out (0, 1), the only cell the fixed
+    # options allow: the LP over the columns held is infeasible, and every column joins
+    nodes = [F.Node("a", (0.0, 0.0)), F.Node("b", (0.0, 0.0))]
+    problem = F.Problem(nodes, [F.Edge("a", "b", ((0.0, 5.0), (1.0, 2.0)))],
+                        fixed={"a": 0, "b": 1})
+    with mock.patch.object(relax_module, "FIRST_CHEAPEST", 1):
+        relax = Relaxation(problem, 1e9)
+        assert not relax.active[relax.ycols[0][0, 1]]
+        res = relax.solve()
+    assert relax.active.all()
+    assert abs(res.value - 5.0) <= 1e-6 * relax.scale
+    assert res.support(0).tolist() == [[0, 1]]

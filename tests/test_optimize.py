@@ -171,8 +171,8 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
     calls = []
     real = O.lp_pricing
 
-    def spy(*a):
-        got = real(*a)
+    def spy(*a, **kw):
+        got = real(*a, **kw)
         calls.append(got)
         return got
     monkeypatch.setattr(O, "lp_pricing", spy)
