@@ -44,11 +44,10 @@ from .spec import Region, region_shape, tuples
 
 DEFAULT_FLOP_EFFICIENCY = 1.0
 DEFAULT_MEM_EFFICIENCY = 1.0
-# Below this many unpriced pairs (or cells to bound) the worker processes cost more than they
+# Below this many unpriced pairs the worker processes cost more than they
 # save (measured: rounds of a few dozen pairs ran no faster on two workers than in-process).
 PARALLEL_MIN_PAIRS = 400
 PARALLEL_CHUNK = 64
-BOUND_PIECES = 32  # cell bounds go to the workers in about this many pieces of rows
 Needs = tuple[tuple[Region, int], ...]
 
 
@@ -226,29 +225,6 @@ class EdgePricer:
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return self._pool
 
-    def fill_bounds(self, matrices: Sequence["EdgeMatrix"]) -> None:
-        """Compute the cell bounds of the matrices that have none yet, in the worker
-        processes when there are many cells (the same values as one by one)."""
-        todo = list({id(m): m for m in matrices if m._bounds is None}.values())
-        workers = self._workers_for(sum(len(m._spec[0]) * len(m._spec[1]) for m in todo))
-        if workers == 1:
-            for m in todo:
-                m.bounds  # noqa: B018 (computes and keeps them)
-            return
-        # pieces of a few rows each, so that the workers end together
-        total = sum(len(m._spec[0]) * len(m._spec[1]) for m in todo)
-        pieces = []
-        for m in todo:
-            lays, nds, elem = m._spec
-            rows = max(1, total // (BOUND_PIECES * max(1, len(nds))))
-            pieces += [(m, (lays[i:i + rows], nds, elem)) for i in range(0, len(lays), rows)]
-        got: dict[int, list] = {}
-        for (m, _), b in zip(pieces, self._executor(workers).map(_bounds_of,
-                                                                  [p for _, p in pieces])):
-            got.setdefault(id(m), []).extend(b)
-        for m in todo:
-            m._bounds = tuple(got[id(m)])
-
     def close(self) -> None:
         """End the worker processes (a later batch starts new ones)."""
         if self._pool is not None:
@@ -376,10 +352,11 @@ class EdgeMatrix:
 
     @property
     def bounds(self) -> tuple[tuple[tuple[float, float], ...], ...]:
-        """Per cell (seconds, local seconds), never above the exact EdgeCost's; computed on
-        first use, or for many matrices at once by `EdgePricer.fill_bounds`."""
+        """Per cell (seconds, local seconds), never above the exact EdgeCost's (`bound.py`);
+        computed on first use."""
         if self._bounds is None:
-            self._bounds = cell_bounds(*self._spec, self.pricer.fast.base)
+            from .bound import matrix_bounds
+            self._bounds = matrix_bounds(*self._spec, self.pricer.fast.base)
         return self._bounds
 
     @property
@@ -415,18 +392,6 @@ class EdgeMatrix:
         self.pricer.prefetch_short([self.short(r, s) for r in range(R) for s in range(S)])
 
 
-def cell_bounds(layouts: Sequence, needs: Sequence, elem: int, topology):
-    """(seconds, local seconds) lower bounds per (layout, needs) cell (`bound.py`)."""
-    from .bound import held_per_cut, needed_per_cut, stitch_bound, wire_bound
-    held = [held_per_cut(l, topology) for l in layouts]
-    needed = [needed_per_cut(n, topology) for n in needs]
-    slices = [l[0].n_slices if l else 1 for l in layouts]
-    return tuple(tuple(
-        (lambda loc: (wire_bound(h, q, elem, topology) + loc, loc))(
-            stitch_bound(h, q, elem, k, topology)) for q in needed)
-        for h, k in zip(held, slices))
-
-
 def _price(key: tuple, topology, mode: str) -> EdgeCost:
     shape, dtype, agg, produced, needs = key
     ex = xchg.synthesize(TensorInfo("edge", shape, dtype), produced, needs, agg, topology,
@@ -449,10 +414,6 @@ def _init_worker(topology, mode: str) -> None:
 
 def _price_chunk(keys: list) -> list[EdgeCost]:
     return [_price(k, _WORKER["topology"], _WORKER["mode"]) for k in keys]
-
-
-def _bounds_of(spec: tuple):
-    return cell_bounds(*spec, _WORKER["topology"].base)
 
 
 def _cpus() -> int:

@@ -398,7 +398,6 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         info = graph.tensor(y)
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
-    pricer.fill_bounds([e.matrix for e in edges])
     memory, caps = _memory(graph, topology, nodes, layouts, sh)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   _tie_groups(graph, nodes), memory, caps, r, pricer)

@@ -131,31 +131,66 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
     assert not math.isnan(sum(v.seconds for v in serial._memo.values()))
 
 
-def test_cell_bounds_in_the_workers_match_serial(monkeypatch):
-    # fill_bounds cuts the matrices into pieces of rows for the worker processes; the pool it
-    # starts is kept for the next batch and ends with `close`
-    from einsummable.cost import EdgeMatrix
+def test_matrix_bounds_equal_the_bound_of_each_cell():
+    # the optimizer bounds a whole edge matrix at once (`bound.matrix_bounds`); every cell
+    # must get exactly what `exchange_lower_bound` states for it: real layouts (replicas,
+    # partial sums) and random boxes that overlap (the cell-by-cell fallback)
+    import random
+    from hypothesis import given, settings, strategies as st
+    from einsummable.bound import exchange_lower_bound, matrix_bounds
+    from einsummable.placement import Piece
     from einsummable.spec import decompositions
-    topo = synthetic(8, nodes=2)
+    topos = [synthetic(4), synthetic(8, nodes=2), load_topology("dgx1-v100"), load_topology("cpu4")]
     g = _matmul(m=64, k=128, n=32)
     mm, relu = g.ops
-    info = g.tensor(mm.output)
-    devs = list(range(8))
-    lays = [output_layout(mm, place(mm, d.part, devs)) for d in decompositions(mm, 8)]
-    needs = [consumer_needs(relu, place(relu, d.part, devs), mm.output)
-             for d in decompositions(relu, 8)]
-    monkeypatch.setattr("einsummable.cost.PARALLEL_MIN_PAIRS", 1)
-    monkeypatch.setattr("einsummable.cost.BOUND_PIECES", 5)
-    serial, par = EdgePricer(topo, workers=1), EdgePricer(topo, workers=2)
-    one = [EdgeMatrix(serial, info, lays, needs, mm.agg),
-           EdgeMatrix(serial, info, lays[:3], needs, None)]
-    two = [EdgeMatrix(par, info, lays, needs, mm.agg), EdgeMatrix(par, info, lays[:3], needs, None)]
-    par.fill_bounds(two)
-    assert par._pool is not None and all(m._bounds is not None for m in two)
-    assert [m.bounds for m in one] == [m.bounds for m in two]
-    assert len(two[0].bounds) == len(lays) and len(two[0].bounds[0]) == len(needs)
-    par.close()
-    assert par._pool is None
+    for topo in topos:
+        n = topo.world_size
+        rng = random.Random(n)
+        lays, needs = [], []
+        for d in decompositions(mm, n, replication=True):
+            devs = list(range(n))
+            rng.shuffle(devs)
+            lays.append(output_layout(mm, place(mm, d.part, devs[:d.n_tuples * (n // d.n_tuples)])))
+        for d in decompositions(relu, n, replication=True):
+            needs.append(consumer_needs(relu, place(relu, d.part, list(range(n))), mm.output))
+        got = matrix_bounds(lays, needs, 2, topo)
+        assert got == tuple(tuple(exchange_lower_bound("float16", l, q, topo) for q in needs)
+                            for l in lays), topo.name
+
+    @st.composite
+    def cells(draw):
+        topo = draw(st.sampled_from(topos))
+        shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+        dev = st.integers(0, topo.world_size - 1)
+        def box():
+            return tuple(tuple(sorted(draw(st.tuples(st.integers(0, m - 1), st.integers(1, m)))))
+                         for m in shape)
+        def layout():
+            k = draw(st.integers(1, 2))
+            return tuple(dict.fromkeys(Piece(box(), draw(dev), draw(st.integers(0, k - 1)), k)
+                                       for _ in range(draw(st.integers(0, 5)))))
+        lays = [layout() for _ in range(draw(st.integers(1, 3)))]
+        needs = [tuple(dict.fromkeys((box(), draw(dev)) for _ in range(draw(st.integers(0, 5)))))
+                 for _ in range(draw(st.integers(1, 3)))]
+        return topo, [l for l in lays if all(b[0] < b[1] for p in l for b in p.region)], \
+            [q for q in needs if all(b[0] < b[1] for r, _ in q for b in r)]
+
+    # overlapping boxes held by one device and a need meeting both: its own copy is their
+    # union's share of it, not the sum of the two overlaps
+    one = synthetic(4)
+    lay = (Piece(((0, 4),), 0, 0, 1), Piece(((2, 6),), 0, 0, 1), Piece(((0, 6),), 1, 0, 1))
+    need = (((1, 5),), 0), (((0, 6),), 2)
+    assert matrix_bounds([lay], [need], 4, one) == \
+        ((exchange_lower_bound("float32", lay, need, one),),)
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(cells())
+    def check(c):
+        topo, lays, needs = c
+        got = matrix_bounds(lays, needs, 4, topo)
+        assert got == tuple(tuple(exchange_lower_bound("float32", l, q, topo) for q in needs)
+                            for l in lays)
+    check()
 
 
 @pytest.mark.parametrize("topo", [synthetic(4), synthetic(8, nodes=2), load_topology("dgx1-v100"),
