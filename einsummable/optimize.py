@@ -82,6 +82,10 @@ MIN_SOLVE_SHARE = 0.5
 # for at most LP_PRICING_SHARE of that prediction (a phase cut short still bounds cells).
 LP_PRICING_MIN_S = 20.0
 LP_PRICING_SHARE = 0.5
+# An LP phase that ends with its bound this far (relative) below its best plan leaves the
+# hopeful cells priced before the MIP: there the MIP rounds on bounds are long (h100x8x2
+# llama-65b, LP 8% below: three rounds of 18-54 s, then those cells priced all the same).
+LP_TIGHT_GAP = 0.01
 # At most this many weighted-LP rounds between two LP solves: weights from an LP far from
 # converged go stale (h100x8x2 llama-30b once spent its whole LP budget on its first ones).
 # 0 under a time limit: with 20 s the LP phase gets about 7 s on h100x8x2, and LP solves
@@ -852,7 +856,9 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
                 bound = max(bound, lp.bound)
                 best, lp_bounds = lp.best, lp.cells
                 warm = best[1]
-                if not lp.converged:  # price what could still matter before the next solve
+                # price what could still matter before the next solve, unless the LP ended
+                # tight: then its rounding is near optimal and few cells could beat it
+                if not lp.converged or lp.bound < best[0] * (1 - LP_TIGHT_GAP):
                     hopeful = hopeful_cells(model, best[0], lp_bounds)
                     done = _price_logged(
                         model, hopeful, f"cells that could be in a plan <= {best[0]:.6g} s",
