@@ -77,8 +77,9 @@ HOPEFUL_MARGIN = 1e-9
 # wall time left (model building is outside the solver's own limit).
 MIN_SOLVE_SHARE = 0.5
 # The LP relaxation picks the cells to price (`lp_pricing`) only where pricing every hopeful
-# cell is predicted to take longer than LP_PRICING_MIN_S (measured: its rounds, 25-93
-# re-solves of 0.1-1.6 s each, lose to pricing everything below that), and
+# cell is predicted to take longer than LP_PRICING_MIN_S (measured before the LP's column
+# generation: its rounds, 25-93 re-solves of 0.1-1.6 s each, lost to pricing everything
+# below that; 0.02-0.5 s each since), and
 # for at most LP_PRICING_SHARE of that prediction (a phase cut short still bounds cells).
 LP_PRICING_MIN_S = 20.0
 LP_PRICING_SHARE = 0.5
@@ -86,12 +87,6 @@ LP_PRICING_SHARE = 0.5
 # hopeful cells priced before the MIP: there the MIP rounds on bounds are long (h100x8x2
 # llama-65b, LP 8% below: three rounds of 18-54 s, then those cells priced all the same).
 LP_TIGHT_GAP = 0.01
-# At most this many weighted-LP rounds between two LP solves: weights from an LP far from
-# converged go stale (h100x8x2 llama-30b once spent its whole LP budget on its first ones).
-# 0 under a time limit: with 20 s the LP phase gets about 7 s on h100x8x2, and LP solves
-# only gave llama-13b 1.276 ms in four runs of five (Megatron TP's 1.403 in the fifth), 8
-# weighted rounds 1.403 in three of four (1.263 in the fourth). Timing decides much there.
-WEIGHTED_ROUNDS = 8
 # The last solve under a time limit charges every unpriced cell this multiple of the best exact
 # plan's cost, so that it keeps to priced cells (see `solve_lazily`).
 PRICED_ONLY_PENALTY = 1.01
@@ -660,11 +655,11 @@ class LpPhase:
 
 
 def _lp_phase(model: Model, make_problem, best: tuple, n_hopeful: int, predicted: float,
-              stop: float, weighted_rounds: int) -> LpPhase:
+              stop: float) -> LpPhase:
     """`lp_pricing` until `stop`, then its rounding as an incumbent."""
     log.info("pricing %d hopeful cells would take about %.1f s: LP relaxation first",
              n_hopeful, predicted)
-    got = lp_pricing(model, make_problem, best[0], stop, weighted_rounds, seed=best[1])
+    got = lp_pricing(model, make_problem, best[0], stop, seed=best[1])
     if got is None:
         return LpPhase(0.0, {}, {}, best, False)
     lp, converged = got
@@ -697,17 +692,14 @@ def cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | N
 
 
 def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
-               weighted_rounds: int = WEIGHTED_ROUNDS, seed: Mapping[str, int] | None = None):
+               seed: Mapping[str, int] | None = None):
     """Price what the LP relaxation uses until it uses priced cells only (column generation):
     solve the LP on the estimates, price the unpriced cells its solution uses, re-solve from
     the last basis, until none is left or the clock passes `stop_at`. Each round's value is a
     lower bound on every plan (estimates never exceed the costs), and where the LP is tight,
     as the pairwise relaxation of these models is once its cells are priced, the cells it
     ends on are the ones the best plans use: a few hundred where the rounds of MIP solves
-    would price thousands. With overlap up to `weighted_rounds` rounds between two LP solves
-    run on the weighted LP at the last LP's weights (`formulations.relax`: same optimum at
-    those weights, and about three times faster to re-solve); the LP then re-weighs, and
-    ends the loop once it too uses priced cells only. Returns the last LP's `formulations.relax.LpResult` and whether
+    would price thousands. Returns the last LP's `formulations.relax.LpResult` and whether
     it converged, or None where the LP could not be solved."""
     from formulations.errors import SolveFailed
     from formulations.relax import Relaxation
@@ -718,7 +710,6 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
         # feasible start for its column generation
         cells = [] if seed is None else [(j, *e.cell(seed)) for j, e in enumerate(model.edges)]
         relax = Relaxation(problem, upper, cells=cells)
-        weighted = None
         where: dict[tuple, list[tuple[int, int, int]]] = {}  # pricer key -> its cells
         for j, e in enumerate(model.edges):
             if relax.ycols[j] is None:
@@ -743,37 +734,19 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
                 if x is None:  # out of time before it was priced
                     continue
                 for j, r, s_ in where[key]:
-                    terms = cell_terms(model, model.edges[j], x)
-                    relax.set_cell(j, r, s_, *terms)
-                    if weighted is not None:
-                        weighted.set_cell(j, r, s_, *terms)
+                    relax.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
             return True
 
-        rounds = n_weighted = 0
+        rounds = 0
         while True:
             res = relax.solve()
             rounds += 1
             if not price(res):
                 break
-            if res.weights is None or not weighted_rounds:
-                continue
-            if weighted is None:
-                weighted = Relaxation(problem, upper, res.weights, cells=relax.held_cells())
-                for key, cells in where.items():  # the prices made since `problem` was built
-                    x = model.pricer.known_short(key)
-                    if x is not None:
-                        for j, r, s_ in cells:
-                            weighted.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
-            else:
-                weighted.set_weights(res.weights)
-            for _ in range(weighted_rounds):
-                if not price(weighted.solve()):
-                    break
-                n_weighted += 1
         left = sum(1 for j, e in enumerate(model.edges) for r, s_ in res.support(j)
                    if not e.matrix.priced(r, s_))
-        log.info("LP relaxation: %d rounds (and %d weighted) in %.2f s, bound %.6g s%s",
-                 rounds, n_weighted, time.perf_counter() - t0, res.value,
+        log.info("LP relaxation: %d rounds in %.2f s, bound %.6g s%s",
+                 rounds, time.perf_counter() - t0, res.value,
                  "" if not left else f" ({left} cells it uses left unpriced)")
         return res, not left
     except SolveFailed as exc:
@@ -808,9 +781,10 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     first MIP solve given a warm start): it prices the cells its solution uses until that
     uses priced cells only, for at most LP_PRICING_SHARE of the predicted pricing time; its
     value is a bound, its rounding an incumbent, and its reduced costs bound every cell,
-    which narrows the hopeful ones; cut short, the hopeful cells it leaves are priced before
-    the next solve (on h100x8x2 llama-7b: 642 cells priced in 25 LP rounds, where about
-    25,600 were hopeful).
+    which narrows the hopeful ones; cut short, or ending with its bound more than
+    LP_TIGHT_GAP below its best plan, the hopeful cells it leaves are priced before the next
+    solve (on h100x8x2 llama-7b: 655 cells priced in 40 LP rounds, where about 25,600 were
+    hopeful).
 
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
     lowest bound first until one more solve would not fit, and no solve starts with less than
@@ -849,10 +823,7 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
                 stop = time.perf_counter() + LP_PRICING_SHARE * predicted
                 if deadline is not None:
                     stop = min(stop, time.perf_counter() + (deadline - time.perf_counter()) / 2)
-                # under a time limit the phase has seconds: an LP solve every round keeps
-                # its bound and rounding current (WEIGHTED_ROUNDS)
-                lp = _lp_phase(model, make_problem, best, n_hopeful, predicted, stop,
-                               WEIGHTED_ROUNDS if deadline is None else 0)
+                lp = _lp_phase(model, make_problem, best, n_hopeful, predicted, stop)
                 bound = max(bound, lp.bound)
                 best, lp_bounds = lp.best, lp.cells
                 warm = best[1]

@@ -39,14 +39,6 @@ recomputed from the model kept here, so the bounds hold whatever tolerances the 
 worked to. Where some costs are lower bounds of the true ones (cells not priced yet), so are
 L and every bound(e, r, s): raising a cost only raises c·w.
 
-The weighted LP. For weights λ ≥ 0 with Σ λ_k = 1, max_k part_k ≥ Σ_k λ_k·part_k, so the LP
-without z and the maxpart rows, each column costing c + Σ_k λ_k·p_k (q_k on y), is a relaxation
-too, of every plan (no `upper`): its L and bounds hold the same way. With λ the maxpart rows'
-duals at the LP's optimum (`LpResult.weights`) its optimum equals the LP's, and it re-solves
-about three times faster (h100x8x2 llama-7b: 0.2 s against 0.6 s; the rows that tie every
-part to z make each simplex iteration dearer), so the pricing rounds run on it and the LP
-only re-weighs.
-
 Column generation. Of the y columns HiGHS holds only some: per edge the FIRST_CHEAPEST
 cheapest of each row and column, and the cells of a given plan (a feasible start). After a run
 the duals π give d for every column, held or not; the columns left out with d < 0 join and
@@ -64,7 +56,7 @@ valid) and reports no y.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,9 +91,6 @@ class LpResult:
     _raw: float  # L in solver units
     _gain: np.ndarray  # max(0, d) per column
     _owner: "Relaxation"
-    # the maxpart rows' duals, normalised: the weights under which the weighted LP's value
-    # equals this one's (None without parts, or from the weighted LP)
-    weights: tuple[float, ...] | None = None
 
     def support(self, j: int) -> np.ndarray:
         """(r, s) pairs of edge j the LP solution uses."""
@@ -126,14 +115,12 @@ class LpResult:
 
 class Relaxation:
     """The LP of `problem` with z ≤ `upper` (see the module docstring), kept in HiGHS; with
-    `weights` (a problem with parts) the weighted LP instead, z and maxpart rows left out."""
+    `cells` (edge, r, s) among the columns HiGHS starts with (column generation)."""
 
     def __init__(self, problem: Problem, upper: float,
-                 weights: Sequence[float] | None = None,
                  cells: Iterable[tuple[int, int, int]] = ()) -> None:
         import highspy
         p = problem
-        self.weights = None if weights is None or not p.has_parts else _normal(weights)
         members, class_of = _classes(p)
         self.class_of = class_of
         self.names = [n.name for n in p.nodes]
@@ -149,7 +136,7 @@ class Relaxation:
         barred = [set() for _ in k_opts]  # per class: options not allowed to some member
         for n, cs in p.allowed.items():
             barred[class_of[n]] |= set(range(nodes[n].n_options)) - set(cs)
-        self.parts = p.has_parts and self.weights is None  # z and the maxpart rows
+        self.parts = p.has_parts  # z and the maxpart rows
         costs = [np.asarray(e.cost, dtype=float) for e in p.edges]
         self.shapes = [c.shape for c in costs]
         mags = [float(np.abs(u).max()) for u in unary + unary_parts]
@@ -262,14 +249,7 @@ class Relaxation:
             row(terms, s_.rhs if s_.sense in (">=", "==") else -np.inf,
                 s_.rhs if s_.sense in ("<=", "==") else np.inf)
 
-        # per column: the plain cost and the parts (solver units); the weighted LP's cost is
-        # plain + weights · parts
-        self.plain = np.asarray(cost, dtype=float)
-        self.col_parts = np.zeros((MAX_PARTS, len(cost)))
-        for j, k, a in col_parts:
-            self.col_parts[k, j] += a
-        self.cost = self.plain + (0.0 if self.weights is None else
-                                  np.asarray(self.weights) @ self.col_parts)
+        self.cost = np.asarray(cost, dtype=float)  # per column, in solver units
         self.ub = np.asarray(ub)
         self.lo, self.up = np.asarray(lo), np.asarray(up)
         # column-major, as HiGHS takes it; repeated (row, column) entries (tied nodes' memory,
@@ -330,15 +310,6 @@ class Relaxation:
         if self.h.passModel(lp) != highspy.HighsStatus.kOk:
             raise SolveFailed("HiGHS did not accept the LP relaxation")
 
-    def held_cells(self) -> list[tuple[int, int, int]]:
-        """The y cells (edge, r, s) HiGHS holds: a start for another relaxation of the
-        problem (the weighted LP)."""
-        out = []
-        for j, y in enumerate(self.ycols):
-            if y is not None:
-                out += [(j, int(r), int(s_)) for r, s_ in np.argwhere(self.active[y])]
-        return out
-
     def _entries(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Column-wise (starts, row indices, values) of the matrix restricted to `cols`
         (len(cols) + 1 starts)."""
@@ -364,29 +335,15 @@ class Relaxation:
         """Give cell (r, s) of problem edge j a new cost (and parts, on an edge that has
         them); cost changes are handed to HiGHS at the next `solve`."""
         col = int(self.ycols[j][r, s])
-        self.plain[col] = cost / self.scale
         if parts is not None and self.parts_now[j] is not None:
             for k, value in enumerate(parts):
                 if value != self.parts_now[j][k, r, s]:
                     self.parts_now[j][k, r, s] = value
-                    self.col_parts[k, col] = value / self.scale
-                    if self.parts:
-                        row = self.part_rows[k]
-                        self.va[self._entry[(row, col)]] = -value / self.scale
-                        if self.active[col]:
-                            self.h.changeCoeff(row, int(self._hcol[col]), -value / self.scale)
-        self._pending[col] = self.plain[col] + (0.0 if self.weights is None else float(
-            np.dot(self.weights, self.col_parts[:, col])))
-
-    def set_weights(self, weights: Sequence[float]) -> None:
-        """New weights for the parts (the weighted LP only); from the next `solve`."""
-        if self.weights is None:
-            raise ValueError("set_weights: this relaxation keeps the max of the parts")
-        self.weights = _normal(weights)
-        self.cost = self.plain + np.asarray(self.weights) @ self.col_parts
-        self._pending = {}
-        self.h.changeColsCost(len(self._held), np.arange(len(self._held), dtype=np.int32),
-                              self.cost[self._held])
+                    row = self.part_rows[k]
+                    self.va[self._entry[(row, col)]] = -value / self.scale
+                    if self.active[col]:
+                        self.h.changeCoeff(row, int(self._hcol[col]), -value / self.scale)
+        self._pending[col] = cost / self.scale
 
     def solve(self) -> LpResult:
         """Solve from the last basis. Column generation: HiGHS holds a subset of the columns;
@@ -435,9 +392,7 @@ class Relaxation:
                       + np.sum(np.minimum(0.0, d) * self.ub))
         y = tuple(None if c is None else values[c] for c in self.ycols)
         x = {n: values[self.x[self.class_of[n]]] for n in self.names}
-        weights = _normal(pi[self.part_rows]) if self.parts else None
-        return LpResult(float(self._seconds(value)), y, x, value, np.maximum(0.0, d), self,
-                        weights)
+        return LpResult(float(self._seconds(value)), y, x, value, np.maximum(0.0, d), self)
 
     def _option_gain(self, cls: int, gain: np.ndarray, skip, minima) -> np.ndarray:
         """g_skip(cls, c) of the module docstring per option c: d⁺ of the option and the
@@ -473,10 +428,3 @@ class Relaxation:
             np.minimum.at(best_s, s, xv)
             out = gain[self.ycols[j]] + best_r[:, None] + best_s[None, :]
         return self._seconds(raw + out)
-
-
-def _normal(weights) -> tuple[float, ...]:
-    """Non-negative weights summing to 1 (equal ones where none is positive)."""
-    w = np.maximum(0.0, np.asarray(weights, dtype=float))
-    total = float(w.sum())
-    return tuple(w / total) if total > 0 else (1.0 / MAX_PARTS,) * MAX_PARTS

@@ -343,15 +343,14 @@ def test_lp_relaxation_bounds_every_plan_using_a_cell(problem, frac):
     _assert_lp_bounds_hold(problem, frac)
 
 
-def _assert_lp_bounds_hold(problem: F.Problem, frac: float, weights=None) -> None:
+def _assert_lp_bounds_hold(problem: F.Problem, frac: float) -> None:
     plans = list(_plans(problem))
     if not plans:
         return
     best = min(o for _, o in plans)
-    # the weighted LP bounds every plan; the LP those no worse than `upper`
-    upper = max(o for _, o in plans) if weights is not None else \
-        best + frac * (max(o for _, o in plans) - best)
-    res = Relaxation(problem, upper, weights).solve()
+    # the LP bounds the plans no worse than `upper`
+    upper = best + frac * (max(o for _, o in plans) - best)
+    res = Relaxation(problem, upper).solve()
     assert res.value <= best + TOL * max(1.0, abs(best))
     for j in range(len(problem.edges)):
         bounds = res.bounds(j)
@@ -379,27 +378,6 @@ def test_lp_bounds_count_parallel_edges_once(ka, kb, n_edges, rng, frac):
     _assert_lp_bounds_hold(F.Problem(nodes, edges), frac)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-@given(problems(parts=True), st.floats(0.0, 1.0))
-def test_weighted_lp_bounds_every_plan(problem, w):
-    _assert_lp_bounds_hold(problem, 1.0, (w, 1.0 - w))
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-@given(problems(parts=True))
-def test_weighted_lp_at_the_lp_duals_has_the_lp_value(problem):
-    # strong duality: relaxing the maxpart rows at their optimal multipliers loses nothing
-    plans = list(_plans(problem))
-    if not problem.has_parts or not plans:
-        return
-    upper = 2 * max(abs(o) for _, o in plans)  # z's bound, far from binding
-    full = Relaxation(problem, upper).solve()
-    weighted = Relaxation(problem, upper, full.weights)
-    lin = weighted.solve()
-    # to the LP solver's tolerances, which act on costs divided by `scale`
-    assert abs(lin.value - full.value) <= 1e-6 * weighted.scale, (lin.value, full.value)
-
-
 def _raised(problem: F.Problem, rng) -> F.Problem:
     """The problem with some edge costs and parts raised (as pricing raises estimates)."""
     def raised(m):
@@ -418,23 +396,6 @@ def _set_every_cell(relax: Relaxation, problem: F.Problem) -> None:
             for s, c in enumerate(row):
                 relax.set_cell(j, r, s, c, None if e.parts is None
                                else tuple(p[r][s] for p in e.parts))
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-@given(problems(parts=True, extras=False), st.randoms(use_true_random=False),
-       st.floats(0.0, 1.0), st.floats(0.0, 1.0))
-def test_weighted_lp_set_cell_and_weights_match_a_fresh_build(problem, rng, w0, w1):
-    if not problem.has_parts:
-        return
-    after = _raised(problem, rng)
-    relax = Relaxation(problem, 1e9, (w0, 1.0 - w0))
-    relax.solve()
-    _set_every_cell(relax, after)
-    relax.set_weights((w1, 1.0 - w1))
-    want = Relaxation(after, 1e9, (w1, 1.0 - w1)).solve().value
-    got = relax.solve().value
-    # to the LP solver's tolerances (1e-7 on reduced costs): L may differ by that much
-    assert abs(got - want) <= 1e-6 * relax.scale, (got, want, relax.scale)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
@@ -459,21 +420,20 @@ def test_lp_relaxation_set_cell_matches_a_fresh_build(problem, rng):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-@given(problems(parts=True), st.floats(0.0, 1.0), st.sampled_from([None, 0.3]))
-def test_lp_column_generation_ends_at_the_lp_over_every_column(problem, frac, w):
+@given(problems(parts=True), st.floats(0.0, 1.0))
+def test_lp_column_generation_ends_at_the_lp_over_every_column(problem, frac):
     # HiGHS starting from a few columns per row (column generation) ends at the value it has
     # with every column held, and the bounds it gives on the way hold
-    weights = None if w is None else (w, 1.0 - w)
     plans = list(_plans(problem))
     if not plans:
         return
     upper = 2 * max(abs(o) for _, o in plans)
     with mock.patch.object(relax_module, "FIRST_CHEAPEST", 1):
-        few = Relaxation(problem, upper, weights)
+        few = Relaxation(problem, upper)
         got = few.solve().value
-        _assert_lp_bounds_hold(problem, frac, weights)
+        _assert_lp_bounds_hold(problem, frac)
     with mock.patch.object(relax_module, "FIRST_CHEAPEST", 10 ** 6):
-        every = Relaxation(problem, upper, weights)
+        every = Relaxation(problem, upper)
         assert every.active.all()
         want = every.solve().value
     assert abs(got - want) <= 1e-6 * every.scale, (got, want)
