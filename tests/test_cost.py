@@ -131,6 +131,23 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
     assert not math.isnan(sum(v.seconds for v in serial._memo.values()))
 
 
+def _random_layouts(g, n: int, rng) -> tuple[list, list]:
+    """Every layout of the matmul's output and every needs of the relu reading it, on
+    shuffled devices (replicas and partial sums among them)."""
+    from einsummable.spec import decompositions
+    mm, relu = g.ops
+    lays, needs = [], []
+    for d in decompositions(mm, n, replication=True):
+        devs = list(range(n))
+        rng.shuffle(devs)
+        lays.append(output_layout(mm, place(mm, d.part, devs[:d.n_tuples * (n // d.n_tuples)])))
+    for d in decompositions(relu, n, replication=True):
+        devs = list(range(n))
+        rng.shuffle(devs)
+        needs.append(consumer_needs(relu, place(relu, d.part, devs), mm.output))
+    return lays, needs
+
+
 def test_matrix_bounds_equal_the_bound_of_each_cell():
     # the optimizer bounds a whole edge matrix at once (`bound.matrix_bounds`); every cell
     # must get exactly what `exchange_lower_bound` states for it: real layouts (replicas,
@@ -139,20 +156,10 @@ def test_matrix_bounds_equal_the_bound_of_each_cell():
     from hypothesis import given, settings, strategies as st
     from einsummable.bound import exchange_lower_bound, matrix_bounds
     from einsummable.placement import Piece
-    from einsummable.spec import decompositions
     topos = [synthetic(4), synthetic(8, nodes=2), load_topology("dgx1-v100"), load_topology("cpu4")]
     g = _matmul(m=64, k=128, n=32)
-    mm, relu = g.ops
     for topo in topos:
-        n = topo.world_size
-        rng = random.Random(n)
-        lays, needs = [], []
-        for d in decompositions(mm, n, replication=True):
-            devs = list(range(n))
-            rng.shuffle(devs)
-            lays.append(output_layout(mm, place(mm, d.part, devs[:d.n_tuples * (n // d.n_tuples)])))
-        for d in decompositions(relu, n, replication=True):
-            needs.append(consumer_needs(relu, place(relu, d.part, list(range(n))), mm.output))
+        lays, needs = _random_layouts(g, topo.world_size, random.Random(topo.world_size))
         got = matrix_bounds(lays, needs, 2, topo)
         assert got == tuple(tuple(exchange_lower_bound("float16", l, q, topo) for q in needs)
                             for l in lays), topo.name
@@ -201,21 +208,10 @@ def test_lazy_bounds_never_exceed_the_exact_price(topo):
     # for the seconds and for the local (stitching) part, partial sums and replicas included.
     import random
     from einsummable.cost import EdgeMatrix
-    from einsummable.spec import decompositions
     g = _matmul(m=256, k=512, n=128)
-    mm, relu = g.ops
+    mm = g.ops[0]
     info = g.tensor(mm.output)
-    n = topo.world_size
-    rng = random.Random(0)
-    lays, needs = [], []
-    for d in decompositions(mm, n, replication=True):
-        devs = list(range(n))
-        rng.shuffle(devs)
-        lays.append(output_layout(mm, place(mm, d.part, devs[:d.n_tuples * (n // d.n_tuples)])))
-    for d in decompositions(relu, n, replication=True):
-        devs = list(range(n))
-        rng.shuffle(devs)
-        needs.append(consumer_needs(relu, place(relu, d.part, devs), mm.output))
+    lays, needs = _random_layouts(g, topo.world_size, random.Random(0))
     pricer = EdgePricer(topo, workers=1)
     m = EdgeMatrix(pricer, info, lays, needs, mm.agg)
     tight = 0
