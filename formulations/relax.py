@@ -75,7 +75,7 @@ SUPPORT_TOL = 1e-7
 PRICE_TOL = 1e-7
 # The y columns HiGHS starts with: per edge, this many of the cheapest cells of each row and of
 # each column (with the incumbent's cells, `cells`). On h100x8x2 llama-7b about 8,000 of the
-# 69,800 columns; an LP round then takes 0.05-0.4 s where it took 0.1-1.4 s with every
+# 69,800 columns; an LP solve then takes 0.02-0.5 s where it took 0.4-1.4 s with every
 # column in HiGHS (each simplex iteration scans them all).
 FIRST_CHEAPEST = 3
 
@@ -364,8 +364,9 @@ class Relaxation:
             self.h.run()
             status = self.h.getModelStatus()
             if status != highspy.HighsModelStatus.kOptimal:
-                if not self.active.all() and status in (highspy.HighsModelStatus.kInfeasible,
-                                                       highspy.HighsModelStatus.kUnboundedOrInfeasible):
+                lacking = (highspy.HighsModelStatus.kInfeasible,
+                           highspy.HighsModelStatus.kUnboundedOrInfeasible)
+                if not self.active.all() and status in lacking:
                     self._add(np.flatnonzero(~self.active))  # the columns held were too few
                     continue
                 raise SolveFailed("the LP relaxation did not solve to optimality "
