@@ -953,14 +953,30 @@ def named_assignment(model: Model, strategy: str) -> tuple[dict[str, int], tuple
     for k, oc in model.nodes.items():
         if k in choice:
             continue
-        def cost(c: int) -> float:
+        def cost(c: int, exact: bool) -> float:
+            """The layout's seconds on its edges: exact (priced now), or their estimates."""
             tot = model.unary(k, c)
             for e in touching.get(k, ()):
-                tot += e.cost(c, choice[e.dst]).seconds if e.src == k \
-                    else e.cost(choice[e.src], c).seconds
+                a, b = (c, choice[e.dst]) if e.src == k else (choice[e.src], c)
+                tot += (e.cost(a, b) if exact else e.matrix.estimate(e.rows[a], e.cols[b])).seconds
             return tot
-        choice[k] = min(range(len(oc.cands)), key=lambda c: (cost(c), c))
+        choice[k] = _cheapest(len(oc.cands), cost)
     return {k: choice[k] for k in model.nodes}, tuple(inexact)
+
+
+def _cheapest(n: int, cost) -> int:
+    """argmin over c < n of (cost(c, exact=True), c), pricing few cells: candidates go in order
+    of their estimate (a lower bound, summed in the same order), and once one's (estimate,
+    index) exceeds the best exact (cost, index), no later one can win."""
+    best: tuple[float, int] | None = None
+    for low, c in sorted((cost(c, False), c) for c in range(n)):
+        if best is not None and (low, c) > best:
+            break
+        here = (cost(c, True), c)
+        if best is None or here < best:
+            best = here
+    assert best is not None
+    return best[1]
 
 
 # --------------------------------------------------------------------------- public API

@@ -406,3 +406,28 @@ def test_memory_limit_reports_min_capacity():
     with pytest.raises(InfeasibleError) as e:
         O.optimize(g, topo, cache=False)
     assert e.value.min_capacity and e.value.min_capacity > 1e6
+
+
+def test_cheapest_layout_is_the_exhaustive_argmin_with_fewer_prices():
+    # the named plans' input layouts: the argmin of (exact cost, index), found by pricing in
+    # order of lower bounds and stopping once no later bound can win (ties included)
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3)), min_size=1, max_size=12))
+    def check(cells):
+        exact = [float(e) for e, _ in cells]
+        low = [float(e - d) for e, d in cells]
+        priced = []
+
+        def cost(c, is_exact):
+            if is_exact:
+                priced.append(c)
+                return exact[c]
+            return low[c]
+        got = O._cheapest(len(cells), cost)
+        assert got == min(range(len(cells)), key=lambda c: (exact[c], c))
+        assert len(priced) == len(set(priced)) <= len(cells)
+        if all(d == 0 for _, d in cells):  # exact bounds: only the winner is priced
+            assert priced == [got]
+    check()
