@@ -28,6 +28,7 @@ has tens of thousands of cells: 0.7 s in one process where cell by cell took 9 s
 """
 from __future__ import annotations
 
+import functools
 from functools import lru_cache
 from typing import Sequence
 
@@ -240,33 +241,33 @@ def matrix_bounds(layouts: Sequence[Sequence[Piece]], needs: Sequence[Needs], el
                   topology) -> tuple[tuple[tuple[float, float], ...], ...]:
     """`exchange_lower_bound` of every (layout, needs) cell, row by row, to the same floats,
     for a whole edge matrix at once (the optimizer bounds tens of thousands of cells before
-    its first solve). Per cut set the held and needed boxes are numbered once; with H (rows x
-    held boxes) and Q (needs x needed boxes) their 0/1 incidences and V the volumes of the
-    boxes' pairwise intersections, a cell's overlap is (H V Qᵀ)[r, s], so the volume it
-    lacks is its needed volume less that where both sides are disjoint boxes (as layouts
-    give); other cells take `uncovered_volume` one by one."""
+    its first solve). Per cut set the held and needed boxes are numbered once (`_CutBoxes`);
+    with H (rows x held boxes) and Q (needs x needed boxes) their 0/1 incidences and V the
+    volumes of the boxes' pairwise intersections, a cell's overlap is (H V Qᵀ)[r, s], so the
+    volume it lacks is its needed volume less that where both sides are disjoint boxes (as
+    layouts give); other cells take `uncovered_volume` one by one. A device's own copies
+    (the stitching bound) read the same numbering of its singleton set."""
     held = [held_per_cut(l, topology) for l in layouts]
     needed = [needed_per_cut(n, topology) for n in needs]
     R, S = len(held), len(needed)
     if not R or not S:
         return tuple(() for _ in range(R))
-    wire = np.zeros((R, S))
-    for i, (_, cap) in enumerate(_cut_sets(topology)):
-        if cap <= 0:
-            continue
-        missing = _missing(tuple(h[i] for h in held), tuple(q[i] for q in needed))
-        if missing is not None:
-            wire = np.maximum(wire, missing * elem_bytes / cap)
-    wire = np.where(wire > 0, wire + min_latency(topology), 0.0)
-    local = np.zeros((R, S))
+    device_of = {i: d for d, i in enumerate(_singletons(topology))}
     full = np.array([not l or l[0].n_slices == 1 for l in layouts])
-    if full.any():
-        for d, i in enumerate(_singletons(topology)):
-            dev = topology.devices[d]
-            vol, count = _own_copies(tuple(h[i] for h in held), tuple(q[i] for q in needed))
+    wire, local = np.zeros((R, S)), np.zeros((R, S))
+    for i, (_, cap) in enumerate(_cut_sets(topology)):
+        boxes = _CutBoxes(tuple(h[i] for h in held), tuple(q[i] for q in needed))
+        if not any(boxes.needed):
+            continue
+        if cap > 0:
+            wire = np.maximum(wire, boxes.missing() * elem_bytes / cap)
+        if i in device_of and full.any() and any(boxes.held):
+            dev = topology.devices[device_of[i]]
+            vol, count = boxes.own_copies()
             cost = np.where(count > 0, count * dev.launch_s + 2 * vol * elem_bytes / dev.mem_bw,
                             0.0)
             local = np.maximum(local, np.where(full[:, None], cost, 0.0))
+    wire = np.where(wire > 0, wire + min_latency(topology), 0.0)
     total = wire + local
     return tuple(tuple(zip(map(float, t), map(float, l))) for t, l in zip(total, local))
 
@@ -287,47 +288,47 @@ def _numbered(groups: Sequence[tuple[Region, ...]]) -> tuple[np.ndarray, np.ndar
     return np.array(list(index), dtype=np.int64), inc
 
 
-def _meet_volumes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Volume of each a_i ∩ b_j (len(a) x len(b), as floats: exact below 2**53)."""
-    lo = np.maximum(a[:, None, :, 0], b[None, :, :, 0])
-    hi = np.minimum(a[:, None, :, 1], b[None, :, :, 1])
-    return np.prod(np.clip(hi - lo, 0, None), axis=2).astype(float)
+class _CutBoxes:
+    """The boxes one cut set holds per layout (`held`, rows) and needs per needs (`needed`,
+    columns), numbered once for the two bounds that read them."""
 
+    def __init__(self, held: tuple[tuple[Region, ...], ...],
+                 needed: tuple[tuple[Region, ...], ...]) -> None:
+        self.held, self.needed = held, needed
+        self.hb, self.hi = _numbered(held)
+        self.qb, self.qi = _numbered(needed)
 
-def _missing(held: tuple[tuple[Region, ...], ...],
-             needed: tuple[tuple[Region, ...], ...]) -> np.ndarray | None:
-    """`uncovered_volume` per (held row, needed column); None where nothing is needed."""
-    if not any(needed):
-        return None
-    hb, hi = _numbered(held)
-    qb, qi = _numbered(needed)
-    out = np.repeat((qi @ np.prod(qb[:, :, 1] - qb[:, :, 0], axis=1).astype(float))[None, :],
-                    len(held), axis=0)
-    if len(hb):
-        out = np.rint(out - hi @ _meet_volumes(hb, qb) @ qi.T)
-    odd_h = [r for r, h in enumerate(held) if not _disjoint(h)]
-    odd_q = [s for s, q in enumerate(needed) if not _disjoint(q)]
-    for r, s in {(r, s) for r in odd_h for s in range(len(needed))} | \
-            {(r, s) for s in odd_q for r in range(len(held))}:
-        out[r, s] = uncovered_volume(needed[s], held[r]) if needed[s] else 0
-    return out
+    @functools.cached_property
+    def meet(self) -> np.ndarray:
+        """Volume of each held box ∩ each needed box (as floats: exact below 2**53)."""
+        a, b = self.hb, self.qb
+        lo = np.maximum(a[:, None, :, 0], b[None, :, :, 0])
+        hi = np.minimum(a[:, None, :, 1], b[None, :, :, 1])
+        return np.prod(np.clip(hi - lo, 0, None), axis=2).astype(float)
 
+    def missing(self) -> np.ndarray:
+        """`uncovered_volume` per (row, column)."""
+        qb = self.qb
+        out = np.repeat((self.qi @ np.prod(qb[:, :, 1] - qb[:, :, 0], axis=1).astype(float))
+                        [None, :], len(self.held), axis=0)
+        if len(self.hb):
+            out = np.rint(out - self.hi @ self.meet @ self.qi.T)
+        odd_h = [r for r, h in enumerate(self.held) if not _disjoint(h)]
+        odd_q = [s for s, q in enumerate(self.needed) if not _disjoint(q)]
+        for r, s in {(r, s) for r in odd_h for s in range(len(self.needed))} | \
+                {(r, s) for s in odd_q for r in range(len(self.held))}:
+            out[r, s] = uncovered_volume(self.needed[s], self.held[r]) if self.needed[s] else 0
+        return out
 
-def _own_copies(held: tuple[tuple[Region, ...], ...],
-                needed: tuple[tuple[Region, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
-    """`_own_copy_volume` per (held row, needed column) of one device: (volume, needs)."""
-    R, S = len(held), len(needed)
-    if not any(needed) or not any(held):
-        return np.zeros((R, S)), np.zeros((R, S))
-    hb, hi = _numbered(held)
-    qb, qi = _numbered(needed)
-    meet = _meet_volumes(hb, qb)
-    inside = np.all((hb[:, None, :, 0] <= qb[None, :, :, 0])
-                    & (qb[None, :, :, 1] <= hb[:, None, :, 1]), axis=2).astype(float)
-    own = hi @ meet  # rows x needed boxes: the volume of each box the row holds itself
-    own = np.where(hi @ inside > 0, 0.0, own)  # a box inside one held box is no copy
-    vol, count = np.rint(own @ qi.T), (own > 0).astype(float) @ qi.T
-    for r in (r for r, h in enumerate(held) if not _disjoint(h)):
-        for s in range(S):
-            vol[r, s], count[r, s] = _own_copy_volume(needed[s], held[r])
-    return vol, count
+    def own_copies(self) -> tuple[np.ndarray, np.ndarray]:
+        """`_own_copy_volume` per (row, column) of a singleton set: (volume, needs)."""
+        hb, qb = self.hb, self.qb
+        inside = np.all((hb[:, None, :, 0] <= qb[None, :, :, 0])
+                        & (qb[None, :, :, 1] <= hb[:, None, :, 1]), axis=2).astype(float)
+        own = self.hi @ self.meet  # rows x needed boxes: the volume of each the row holds
+        own = np.where(self.hi @ inside > 0, 0.0, own)  # a box inside one held box: no copy
+        vol, count = np.rint(own @ self.qi.T), (own > 0).astype(float) @ self.qi.T
+        for r in (r for r, h in enumerate(self.held) if not _disjoint(h)):
+            for s in range(len(self.needed)):
+                vol[r, s], count[r, s] = _own_copy_volume(self.needed[s], self.held[r])
+        return vol, count
