@@ -719,36 +719,33 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
                 for s_ in range(S):
                     where.setdefault(e.matrix.short(r, s_), []).append((j, r, s_))
 
-        def price(res) -> bool:
-            """Price the cells `res` uses; False where none is left or time is up."""
+        def unpriced_keys(res) -> list[tuple]:
+            """The pricer keys of the unpriced cells `res` uses."""
             todo: dict[tuple, None] = {}
             for j, e in enumerate(model.edges):
                 for r, s_ in res.support(j):
                     if not e.matrix.priced(r, s_):
                         todo[e.matrix.short(r, s_)] = None
+            return list(todo)
+
+        rounds = 0
+        while True:
+            res = relax.solve()
+            rounds += 1
+            todo = unpriced_keys(res)
             if not todo or time.perf_counter() >= stop_at:
-                return False
-            model.pricer.prefetch_short(list(todo), stop_at)
+                break
+            model.pricer.prefetch_short(todo, stop_at)
             for key in todo:
                 x = model.pricer.known_short(key)
                 if x is None:  # out of time before it was priced
                     continue
                 for j, r, s_ in where[key]:
                     relax.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
-            return True
-
-        rounds = 0
-        while True:
-            res = relax.solve()
-            rounds += 1
-            if not price(res):
-                break
-        left = sum(1 for j, e in enumerate(model.edges) for r, s_ in res.support(j)
-                   if not e.matrix.priced(r, s_))
         log.info("LP relaxation: %d rounds in %.2f s, bound %.6g s%s",
                  rounds, time.perf_counter() - t0, res.value,
-                 "" if not left else f" ({left} cells it uses left unpriced)")
-        return res, not left
+                 "" if not todo else f" ({len(todo)} cells it uses left unpriced)")
+        return res, not todo
     except SolveFailed as exc:
         log.info("LP relaxation failed (%s); the MIP rounds go on without it", exc)
         return None
@@ -958,7 +955,8 @@ def named_assignment(model: Model, strategy: str) -> tuple[dict[str, int], tuple
             tot = model.unary(k, c)
             for e in touching.get(k, ()):
                 a, b = (c, choice[e.dst]) if e.src == k else (choice[e.src], c)
-                tot += (e.cost(a, b) if exact else e.matrix.estimate(e.rows[a], e.cols[b])).seconds
+                x = e.cost(a, b) if exact else e.matrix.estimate(e.rows[a], e.cols[b])
+                tot += x.seconds
             return tot
         choice[k] = _cheapest(len(oc.cands), cost)
     return {k: choice[k] for k in model.nodes}, tuple(inexact)

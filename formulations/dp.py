@@ -90,11 +90,9 @@ def solve_tree(problem: Problem) -> Solution:
     k = {n.name: n.n_options for n in problem.nodes}
     unary = {n.name: np.asarray(n.costs, dtype=float).copy() for n in problem.nodes}
     big = float("inf")
-    for n, c in problem.fixed.items():  # forbid every other option
-        mask = np.full(k[n], big)
-        mask[c] = 0.0
-        unary[n] = unary[n] + mask
-    for n, cs in problem.allowed.items():
+    # a fixed option, or the allowed ones: forbid every other option
+    domains = [(n, (c,)) for n, c in problem.fixed.items()] + list(problem.allowed.items())
+    for n, cs in domains:
         mask = np.full(k[n], big)
         mask[list(cs)] = 0.0
         unary[n] = unary[n] + mask

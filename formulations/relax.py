@@ -74,7 +74,7 @@ SUPPORT_TOL = 1e-7
 # costs scaled to at most 1): HiGHS's own dual feasibility tolerance.
 PRICE_TOL = 1e-7
 # The y columns HiGHS starts with: per edge, this many of the cheapest cells of each row and of
-# each column (with the incumbent's cells, `cells`). On h100x8x2 llama-7b about 8,000 of the
+# each column (with the incumbent's cells, `cells`). On h100x8x2 llama-7b 9,539 of the
 # 69,800 columns; an LP solve then takes 0.02-0.5 s where it took 0.4-1.4 s with every
 # column in HiGHS (each simplex iteration scans them all).
 FIRST_CHEAPEST = 3
@@ -145,7 +145,6 @@ class Relaxation:
         self.scale = scale = max([m for m in mags if m > 0] or [1.0])
 
         cost: list[float] = []
-        col_parts: list[tuple[int, int, float]] = []  # (column, part, coefficient)
         ub: list[float] = []
         ri: list[int] = []
         cj: list[int] = []
@@ -195,10 +194,11 @@ class Relaxation:
             self.x.append(dom)
             row([(int(j), 1.0) for j in dom], 1.0, 1.0)
         part_terms: list[list[tuple[int, float]]] = [[] for _ in range(MAX_PARTS)]
-        for i, dom in enumerate(self.x):
-            for k in range(MAX_PARTS):
-                col_parts += [(int(j), k, unary_parts[i][k, c] / scale)
-                              for c, j in enumerate(dom) if unary_parts[i][k, c]]
+        if self.parts:
+            for i, dom in enumerate(self.x):
+                for k in range(MAX_PARTS):
+                    part_terms[k] += [(int(j), -unary_parts[i][k, c] / scale)
+                                      for c, j in enumerate(dom) if unary_parts[i][k, c]]
         self.ycols: list[np.ndarray | None] = []
         self.parts_now: list[np.ndarray | None] = []
         for j, e in enumerate(p.edges):
@@ -218,18 +218,16 @@ class Relaxation:
             for b in range(S):
                 row([(int(c), 1.0) for c in y[:, b]]
                     + [(int(self.x[v][c]), -1.0) for c in np.flatnonzero(s == b)], 0.0, 0.0)
-            if p.has_parts and e.parts is not None:
+            if self.parts and e.parts is not None:
                 pm = np.asarray(e.parts, dtype=float)
                 self.parts_now.append(pm.copy())
                 for k in range(MAX_PARTS):  # every cell, zeros too: later prices fill them
-                    col_parts += [(int(y[a, b]), k, pm[k, a, b] / scale)
-                                  for a in range(R) for b in range(S)]
+                    part_terms[k] += [(int(y[a, b]), -pm[k, a, b] / scale)
+                                      for a in range(R) for b in range(S)]
             else:
                 self.parts_now.append(None)
         self.part_rows: list[int] = []
         if self.parts:
-            for j, k, a in col_parts:
-                part_terms[k].append((j, -a))
             # z <= upper minus the least the plain terms can add up to (0 for costs in seconds)
             least = sum(min(0.0, float(u.min())) for u in unary) + sum(
                 min(0.0, float(costs[j].min())) for j, y in enumerate(self.ycols) if y is not None)
@@ -271,24 +269,22 @@ class Relaxation:
         self._start = np.searchsorted(self.cj, np.arange(n + 1))
         # the columns HiGHS holds (column generation, below): every x and z, and of the y
         # the FIRST_CHEAPEST cheapest of each row and column of each edge, and the `cells` given
-        self.active = np.ones(n, dtype=bool)
+        first = np.ones(n, dtype=bool)
         for j, y in enumerate(self.ycols):
             if y is None or not y.size:
                 continue
-            self.active[y] = False
+            first[y] = False
             c = self.cost[y]
             kr, kc = min(FIRST_CHEAPEST, y.shape[1]), min(FIRST_CHEAPEST, y.shape[0])
-            self.active[np.take_along_axis(
-                y, np.argpartition(c, kr - 1, axis=1)[:, :kr], axis=1)] = True
-            self.active[np.take_along_axis(
-                y, np.argpartition(c, kc - 1, axis=0)[:kc, :], axis=0)] = True
+            first[np.take_along_axis(y, np.argpartition(c, kr - 1, axis=1)[:, :kr], axis=1)] = True
+            first[np.take_along_axis(y, np.argpartition(c, kc - 1, axis=0)[:kc, :], axis=0)] = True
         for j, r, s_ in cells:
             if self.ycols[j] is not None:
-                self.active[self.ycols[j][r, s_]] = True
+                first[self.ycols[j][r, s_]] = True
+        held = np.flatnonzero(first)
+        self._held = held  # HiGHS's columns, in its order
         self._hcol = np.full(n, -1, dtype=np.int64)  # column -> its index in HiGHS (-1: out)
-        held = np.flatnonzero(self.active)
         self._hcol[held] = np.arange(len(held))
-        self._held = held
         starts, index, values = self._entries(held)
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = len(held), len(self.lo)
@@ -310,6 +306,11 @@ class Relaxation:
         if self.h.passModel(lp) != highspy.HighsStatus.kOk:
             raise SolveFailed("HiGHS did not accept the LP relaxation")
 
+    @property
+    def active(self) -> np.ndarray:
+        """Per column: whether HiGHS holds it."""
+        return self._hcol >= 0
+
     def _entries(self, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Column-wise (starts, row indices, values) of the matrix restricted to `cols`
         (len(cols) + 1 starts)."""
@@ -325,7 +326,6 @@ class Relaxation:
         starts, index, values = self._entries(cols)
         self._hcol[cols] = len(self._held) + np.arange(len(cols))
         self._held = np.concatenate((self._held, cols))
-        self.active[cols] = True
         if self.h.addCols(len(cols), self.cost[cols], np.zeros(len(cols)), self.ub[cols],
                           len(index), starts[:-1], index, values) != highspy.HighsStatus.kOk:
             raise SolveFailed("HiGHS did not take the LP relaxation's new columns")
@@ -341,7 +341,7 @@ class Relaxation:
                     self.parts_now[j][k, r, s] = value
                     row = self.part_rows[k]
                     self.va[self._entry[(row, col)]] = -value / self.scale
-                    if self.active[col]:
+                    if self._hcol[col] >= 0:
                         self.h.changeCoeff(row, int(self._hcol[col]), -value / self.scale)
         self._pending[col] = cost / self.scale
 
@@ -356,9 +356,9 @@ class Relaxation:
             cols = np.fromiter(self._pending, dtype=np.int64, count=len(self._pending))
             vals = np.fromiter(self._pending.values(), dtype=float, count=len(cols))
             self.cost[cols] = vals
-            held = self.active[cols]
-            self.h.changeColsCost(int(held.sum()), self._hcol[cols[held]].astype(np.int32),
-                                  vals[held])
+            at = self._hcol[cols]
+            held = at >= 0
+            self.h.changeColsCost(int(held.sum()), at[held].astype(np.int32), vals[held])
             self._pending = {}
         while True:
             self.h.run()
