@@ -1,45 +1,30 @@
-"""`einsummable plan | run | bench | show | calibrate`.
+"""`einsummable plan | show | run | calibrate`.
 
-Each subcommand lives in its own module (see COMMANDS) exposing `HELP`, `add_arguments(parser)`
-and `main(args) -> int`, so this file only dispatches. `--json` makes a command print one JSON
-object on stdout and nothing else there.
+Each subcommand lives in its own module under `commands/` exposing `HELP`,
+`add_arguments(parser)` and `main(args) -> int`, so this file only dispatches. `--json` makes a
+command print one JSON object on stdout and nothing else there. The experiment harness has
+entry points of its own (`einsummable-bench`, `einsummable-figs`): the library does not
+depend on it.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from types import ModuleType
 from typing import Sequence
 
+from .commands import calibrate, plan, run, show
 from .errors import EinsummableError
 
-COMMANDS: dict[str, str] = {
-    "plan": "einsummable.commands.plan",
-    "show": "einsummable.commands.show",
-    "run": "einsummable.commands.run",
-    "calibrate": "einsummable.commands.calibrate",
-    "bench": "experiments.bench",
-    "figs": "paper_figs.cli",
-}
-
-
-def _load(module: str):
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            return None
-        raise
+COMMANDS: dict[str, ModuleType] = {"plan": plan, "show": show, "run": run,
+                                   "calibrate": calibrate}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="einsummable", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, module in COMMANDS.items():
-        mod = _load(module)
-        if mod is None:
-            continue
-        p = sub.add_parser(name, help=getattr(mod, "HELP", None))
+    for name, mod in COMMANDS.items():
+        p = sub.add_parser(name, help=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_handler=mod.main)
     return parser

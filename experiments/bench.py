@@ -1,4 +1,4 @@
-"""`einsummable bench CONFIG`: run an experiment config, write results, print a table.
+"""`einsummable-bench CONFIG` (or `python -m experiments.bench CONFIG`): run an experiment config, write results, print a table.
 
 Results go to experiments/results/<config name>.json and .csv (or --out DIR). A progress bar
 runs on stderr; the table with ratios is printed at the end. With --json, stdout carries one
@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from einsummable.errors import EinsummableError
 
 from . import harness, runners
 
@@ -68,6 +70,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The `einsummable-bench` entry point."""
+    parser = argparse.ArgumentParser(prog="einsummable-bench", description=HELP)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return main(args)
+    except EinsummableError as e:
+        print(f"einsummable-bench: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    from einsummable.cli import main as cli_main
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))
+    sys.exit(cli())

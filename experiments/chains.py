@@ -5,8 +5,8 @@ op. Bushy chains (products of products) are what make exchange between ops matte
 """
 from __future__ import annotations
 
-from einsummable.builder import Builder
-from einsummable.ir import Graph
+from einsummable.frontend.builder import Builder
+from einsummable.frontend.ir import Graph
 
 
 def parse_chain(expr: str):

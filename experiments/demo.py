@@ -12,7 +12,7 @@ import sys
 import time
 
 from einsummable.models import preset
-from einsummable.spec import decompositions
+from einsummable.planning.spec import decompositions
 
 DEVICES = 8
 
@@ -37,7 +37,7 @@ def describe_block(name: str = "llama-7b", batch: int = 4, seq: int = 2048) -> N
 def load_graph(module, args, name: str, batch: int, seq: int):
     """Capture the module; fall back to the hand-built IR block only if capture is missing."""
     try:
-        from einsummable.capture import trace
+        from einsummable.frontend.capture import trace
     except ImportError:
         from einsummable.models.llama_ir import llama_block_graph
         print("(capture unavailable: using the builder's IR block)")

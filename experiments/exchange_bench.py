@@ -18,11 +18,12 @@ import argparse
 import math
 import random
 
-from einsummable.builder import Builder
-from einsummable.compile import greedy_plan
-from einsummable.placement import random_choice, split_choice
-from einsummable.runtime.simulate import simulate
+from einsummable.frontend.builder import Builder
+from einsummable.planning.placement import random_choice, split_choice
+from einsummable.backend.runtime.simulator import simulate
 from einsummable.topology import load_topology
+
+from .greedy import greedy_plan
 
 
 def llama(name: str, batch: int, seq: int):
@@ -54,7 +55,7 @@ NAMED = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")
 def plans_for(g, topo, family, time_limit_s):
     out = {}
     if family == "llama":
-        from einsummable.optimize import named_plan, optimize
+        from einsummable.optimizer.api import named_plan, optimize
         out["optimized-plan"] = optimize(g, topo, time_limit_s=time_limit_s, weights="sharded")
         for name in NAMED:
             out[name] = named_plan(g, topo, name, weights="sharded")

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Callable
 

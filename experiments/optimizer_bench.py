@@ -14,14 +14,16 @@ import math
 import sys
 import time
 
-import einsummable.optimize  # noqa: F401
-from einsummable.cost import EdgePricer, compute_floor
+from einsummable.optimizer.pricing import EdgePricer
+from einsummable.planning.cost import compute_floor
 from einsummable.models.llama_ir import llama_block_graph
 from einsummable.models.presets import preset_config
-from einsummable.named import STRATEGIES
+from einsummable.optimizer.named import STRATEGIES
 from einsummable.topology import load_topology
+from einsummable.optimizer.api import named_plan, optimize
+from einsummable.optimizer.model import build_model
+from einsummable.planning.plan import Options
 
-O = sys.modules["einsummable.optimize"]
 PRESETS = ("llama-7b", "llama-13b", "llama-30b", "llama-65b", "llama3-8b")
 
 
@@ -40,7 +42,7 @@ def main() -> int:
     if a.phases:
         import logging
         logging.basicConfig(format="  %(message)s")
-        logging.getLogger("einsummable.optimize").setLevel(logging.INFO)
+        logging.getLogger("einsummable.optimizer").setLevel(logging.INFO)
     rows = []
     print(f"{'topology':<10} {'model':<10} {'solve s':>8} {'gap':>8} {'opt ms':>8} "
           + " ".join(f"{s[:12]:>12}" for s in STRATEGIES) + f" {'floor ms':>9} {'opt/tp':>7}")
@@ -50,12 +52,12 @@ def main() -> int:
             g = llama_block_graph(preset_config(name), a.batch, a.seq, "float16", a.stack)
             pricer = EdgePricer(topo)  # one memo: the named plans reuse the optimizer's prices
             t0 = time.perf_counter()
-            plan = O.optimize(g, topo, weights="sharded", steady_state=True, cache=False,
+            plan = optimize(g, topo, weights="sharded", steady_state=True, cache=False,
                               pricer=pricer, time_limit_s=a.time_limit)
             wall = time.perf_counter() - t0
-            sharded = O.build_model(g, topo, O.Options("sharded", True), pricer=pricer)
-            free = O.build_model(g, topo, O.Options("free", True), pricer=pricer)
-            named = {s: O.named_plan(g, topo, s, steady_state=True,
+            sharded = build_model(g, topo, Options("sharded", True), pricer=pricer)
+            free = build_model(g, topo, Options("free", True), pricer=pricer)
+            named = {s: named_plan(g, topo, s, steady_state=True,
                                      model=free if s == "data-parallel" else sharded).objective_s
                      for s in STRATEGIES}
             floor = compute_floor(g, topo)

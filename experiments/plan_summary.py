@@ -13,7 +13,7 @@ def op_splits(plan) -> dict[str, str]:
     """op name -> its split, e.g. "seq 2048/8" or "feature 32/4 + batch 4/2" ("(attention)"
     added for attention kernels); "whole" for an op run unsplit, "replicated" for one run
     whole on several devices. Views are left out: they move nothing."""
-    from einsummable.candidates import roles
+    from einsummable.planning.candidates import roles
     graph = plan.graph
     mode_roles = roles(graph).modes
     chosen = dict(getattr(plan, "chosen", None) or plan.choice)

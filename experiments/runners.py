@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from einsummable.errors import EinsummableError
-from einsummable.topology import SHIPPED_DIR, Topology, load_topology
+from einsummable.topology import SHIPPED_DIR, Topology, load_topology, read_topology
+
+from einsummable.backend.runtime.simulator import simulate as simulate_choice
 
 from . import einsummable_system as es_sys
 from . import harness, plan_summary, simulated
 from .harness import Progress, Row
-from .systems import Unavailable, vllm_available
+from .systems import vllm_available
+from .unavailable import Unavailable
 from .workloads import Workload
 
 
@@ -36,19 +39,19 @@ def _vllm_reason(where: str) -> str:
 
 def plan_record(plan, sim=None) -> dict:
     """What the figures need about a plan: split modes per op and the traffic it makes."""
-    rec: dict = {"json": es_sys.plan_json(plan), "explain": es_sys.explain(plan)}
-    choice = es_sys.choice_of(plan)
-    graph = getattr(plan, "graph", None)
+    rec: dict = {"json": plan.to_json(), "explain": es_sys.explain(plan, strategies=False)}
+    choice = plan.chosen
+    graph = plan.graph
     if graph is not None:
-        priced = es_sys.per_op_breakdown(plan)
+        priced = es_sys.plan_costs(plan)
         by_role = plan_summary.op_splits(plan)
         rec["ops"] = [{"op": op.name, "einsum": op.einsum,
                        "split": str(choice[op.name]) if op.name in choice else "?",
                        "split_roles": by_role.get(op.name, "view"),
                        "parts": dict(choice[op.name].parts) if op.name in choice else {},
-                       "compute_s": priced.get(op.name, (None,) * 3)[0],
-                       "exchange_s": priced.get(op.name, (None,) * 3)[1],
-                       "bytes_in": priced.get(op.name, (None,) * 3)[2]}
+                       "compute_s": priced[op.name].compute_s,
+                       "exchange_s": priced[op.name].exchange_s,
+                       "bytes_in": priced[op.name].nbytes}
                       for op in graph.ops]
         rec["world"] = plan.topology.world_size
     if sim is not None:
@@ -59,7 +62,7 @@ def plan_record(plan, sim=None) -> dict:
 
 # ----------------------------------------------------------------------------- simulated blocks
 
-def _einsummable_sim_row(cfg, w: Workload, graph, how: str, topo, floor_s: float,
+def _einsummable_sim_row(cfg, w: Workload, graph, topo, floor_s: float,
                          plans: dict) -> Row:
     opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
                           steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
@@ -68,7 +71,7 @@ def _einsummable_sim_row(cfg, w: Workload, graph, how: str, topo, floor_s: float
     plans[w.name]["summary"] = plan_summary.describe(opt.plan)
     return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, sim.time_s,
                model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
-               note=f"optimized ({how}); solve {opt.solve_wall_s:.1f} s",
+               note=f"optimized; solve {opt.solve_wall_s:.1f} s",
                extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None)})
 
 
@@ -82,20 +85,20 @@ def simulated_blocks(cfg: dict, stream=None) -> RunResult:
     layouts: dict[str, str] = {}
     for w in workloads:
         try:
-            cg = es_sys.graph_for(w)
+            graph = es_sys.graph_for(w)
         except Unavailable as e:
             for s in systems:
                 rows.append(Row(cfg["name"], w.name, s, topo.world_size, w.tokens,
                                 unavailable=f"no graph: {e}"))
                 progress.step(f"{w.name} {s}")
             continue
-        floor_s = simulated.compute_floor(cg.graph, topo)
+        floor_s = simulated.compute_floor(graph, topo)
         for s in systems:
             progress.step(f"{w.name} {s}")
-            rows.append(_sim_row(cfg, s, w, cg, topo, floor_s, plans))
+            rows.append(_sim_row(cfg, s, w, graph, topo, floor_s, plans))
         rows.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
                         floor_s=floor_s, note="roofline of 1/N of every op + one launch per op"))
-        layouts.update(_layout_lines(w, cg.graph, topo, plans, systems))
+        layouts.update(_layout_lines(w, graph, topo, plans, systems))
     text = _table(cfg, rows, f"{cfg['name']}: simulated on {topo.name}")
     if layouts:
         text += "\n\nwhat each plan splits (mode role, extent / parts):\n" + "\n".join(
@@ -118,15 +121,15 @@ def _layout_lines(w: Workload, graph, topo, plans: dict, systems) -> dict[str, s
     return out
 
 
-def _sim_row(cfg, s: str, w: Workload, cg, topo, floor_s: float, plans: dict) -> Row:
+def _sim_row(cfg, s: str, w: Workload, graph, topo, floor_s: float, plans: dict) -> Row:
     base = dict(config=cfg["name"], workload=w.name, system=s, world=topo.world_size,
                 tokens=w.tokens)
     try:
         if s == "einsummable":
-            return _einsummable_sim_row(cfg, w, cg.graph, cg.how, topo, floor_s, plans)
+            return _einsummable_sim_row(cfg, w, graph, topo, floor_s, plans)
         if s == "vllm":
             return Row(**base, unavailable=_vllm_reason("simulated"))
-        bt = simulated.simulate_baseline(s, cg.graph, topo, cfg.get("weights", "sharded"))
+        bt = simulated.simulate_baseline(s, graph, topo, cfg.get("weights", "sharded"))
         return Row(**base, time_s=bt.time_s, floor_s=floor_s, note=bt.note,
                    extra={"compute_s": bt.compute_s, "comm_s": bt.comm_s})
     except Unavailable as e:
@@ -143,7 +146,7 @@ def cpu_topology(name: str, world: int) -> Topology:
     data = yaml.safe_load((SHIPPED_DIR / f"{name}.yaml").read_text())
     data["nodes"] = {**data["nodes"], "devices_per_node": world}
     data["name"] = f"{name}@{world}"
-    return Topology.from_dict(data, f"{name} resized to {world}")
+    return read_topology(data, f"{name} resized to {world}")
 
 
 # Yardsticks measured in every run: 1/N of the work per rank, nothing to communicate.
@@ -200,17 +203,17 @@ def _predictions(cfg, w: Workload, topo, systems, reasons: dict, payload: dict,
     every system on the same topology, for the predicted-against-measured figure."""
     predicted: dict[str, float] = {}
     try:
-        cg = es_sys.graph_for(w)
+        graph = es_sys.graph_for(w)
     except Unavailable as e:
         reasons.setdefault("einsummable", str(e))
         return predicted
     if "einsummable" in systems:
         try:
-            opt = es_sys.optimize(cg.graph, topo, weights=cfg.get("weights", "sharded"),
+            opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
                                   steady_state=cfg.get("steady_state", True),
                                   **cfg.get("optimize", {}))
             sim = es_sys.simulate(opt.plan)
-            payload["einsummable"] = es_sys.plan_json(opt.plan)
+            payload["einsummable"] = opt.plan.to_json()
             plans[f"{w.name}@{topo.world_size}"] = plan_record(opt.plan, sim)
             predicted["einsummable"] = sim.time_s
         except Unavailable as e:
@@ -218,7 +221,7 @@ def _predictions(cfg, w: Workload, topo, systems, reasons: dict, payload: dict,
     for s in systems:
         if s in simulated.NAMED_LAYOUT or s == "pytorch":
             try:
-                predicted[s] = simulated.simulate_baseline(s, cg.graph, topo,
+                predicted[s] = simulated.simulate_baseline(s, graph, topo,
                                                            cfg.get("weights", "sharded")).time_s
             except Exception:  # a prediction is optional; the measurement stands alone
                 pass
@@ -236,18 +239,18 @@ def blocks(cfg: dict, stream=None) -> RunResult:
 def random_plans(cfg: dict, stream=None) -> RunResult:
     """Uniformly random candidate per op (and per input layout) against the optimized plan,
     every one timed by the same simulator."""
-    from einsummable.candidates import graph_candidates
+    from einsummable.planning.candidates import graph_candidates
     topo = load_topology(cfg["topology"])
     w = _workloads(cfg)[0]
     n = int(cfg.get("samples", 100))
     progress = Progress(n + 1, cfg["name"], stream)
     rng = random.Random(int(cfg.get("seed", 0)))
     rows: list[Row] = []
-    cg = es_sys.graph_for(w)
-    floor_s = simulated.compute_floor(cg.graph, topo)
+    graph = es_sys.graph_for(w)
+    floor_s = simulated.compute_floor(graph, topo)
     extra: dict = {"workload": w.to_dict(), "floor_s": floor_s}
     try:
-        opt = es_sys.optimize(cg.graph, topo, weights=cfg.get("weights", "sharded"),
+        opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
                               steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
         sim = es_sys.simulate(opt.plan)
         rows.append(Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, sim.time_s,
@@ -260,12 +263,11 @@ def random_plans(cfg: dict, stream=None) -> RunResult:
                         unavailable=str(e)))
         optimized_s = None
     progress.step("optimized")
-    cands = graph_candidates(cg.graph, topo, weights=cfg.get("weights", "sharded"))
-    sim_fn = es_sys.api("einsummable.runtime.simulate", "simulate")
+    cands = graph_candidates(graph, topo, weights=cfg.get("weights", "sharded"))
     times: list[float] = []
     for i in range(n):
         choice = {k: rng.choice(oc.cands) for k, oc in cands.items()}
-        t = sim_fn(cg.graph, choice, topo).time_s
+        t = simulate_choice(graph, choice, topo).time_s
         times.append(t)
         progress.step(f"random plan {i + 1}")
     med = statistics.median(times)
@@ -301,7 +303,7 @@ def exchange(cfg: dict, stream=None) -> RunResult:
                 graph, tokens = chain_graph(entry["chain"], entry["shapes"], cfg.get("dtype", "float16")), None
             else:
                 w = Workload.from_dict(entry, cfg.get("dtype", "float16"))
-                graph, tokens = es_sys.graph_for(w).graph, w.tokens
+                graph, tokens = es_sys.graph_for(w), w.tokens
             # A chain is not a stackable block: there is no steady state to keep.
             steady = cfg.get("steady_state", True) and "chain" not in entry
             opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),

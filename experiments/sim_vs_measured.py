@@ -28,13 +28,12 @@ import time
 
 import torch
 
-from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, input_op, place, random_choice
-from einsummable.reference import evaluate
-from einsummable.runtime.dist import Pools, threads_per_rank
-from einsummable.runtime.local import run_local
-from einsummable.runtime.simulate import simulate
-from einsummable.spec import decompositions
+from einsummable.backend.lowering import lower
+from einsummable.planning.placement import INPUT_PREFIX, input_op, place, random_choice
+from einsummable.frontend.reference import evaluate
+from einsummable.backend.runtime.dist import Pools, threads_per_rank
+from einsummable.backend.runtime.local import run_local
+from einsummable.backend.runtime.simulator import simulate
 from einsummable.topology import load_topology, synthetic
 
 NAMED = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")
@@ -49,7 +48,7 @@ def header(argv) -> str:
 
 
 def tiny(batch: int, seq: int, fused: bool = False):
-    from einsummable.fuse import fuse
+    from einsummable.frontend.fuse import fuse
     from einsummable.models import preset
     from einsummable.models.llama_ir import llama_block_graph
     module, (x,) = preset("llama-tiny", batch=batch, seq=seq)
@@ -64,7 +63,7 @@ def random_plan(g, n, seed):
 
 def plans(g, topo, n_random: int) -> dict[str, object]:
     """name -> something `lower` accepts (a Plan, or a choice for graph g on topo)."""
-    from einsummable.optimize import named_plan, optimize
+    from einsummable.optimizer.api import named_plan, optimize
     out: dict[str, object] = {"optimized": optimize(g, topo, time_limit_s=20)}
     for name in NAMED:
         out[name] = named_plan(g, topo, name)

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from einsummable.ir import Graph
-from einsummable.placement import INPUT_PREFIX, input_op, place
+from einsummable.frontend.ir import Graph
+from einsummable.planning.placement import INPUT_PREFIX, input_op, place
+
+from einsummable.backend.runtime.simulator import simulate as simulate_choice
 
 from . import einsummable_system as es_sys
 
@@ -116,12 +118,12 @@ def collectives_for(system: str, graph: Graph, choice, weights: str) -> tuple[Co
 def attention_ops(graph: Graph) -> list:
     """The attention kernels: ops with two sequence modes (queries and keys) once spelled-out
     chains (scores, mask, softmax, weighted sum) are fused, as capture does."""
-    from einsummable.fuse import fuse
+    from einsummable.frontend.fuse import fuse
     return _attention_ops(fuse(graph))
 
 
 def _attention_ops(fused: Graph) -> list:
-    from einsummable.candidates import roles
+    from einsummable.planning.candidates import roles
     mode_roles = roles(fused).modes
     return [op for op in fused.ops
             if sum(1 for m in op.modes if mode_roles.get(op.name, {}).get(m) == "seq") >= 2]
@@ -132,8 +134,8 @@ def attention_boundary(graph: Graph) -> tuple[list[str], list[str], list[str]]:
     indexed by the key sequence mode, which the kernel aggregates: keys and values; outputs
     read elsewhere). A spelled-out chain is fused first: the tensors at its edges keep their
     names."""
-    from einsummable.candidates import roles
-    from einsummable.fuse import fuse
+    from einsummable.planning.candidates import roles
+    from einsummable.frontend.fuse import fuse
     graph = fuse(graph)
     mode_roles = roles(graph).modes
     att = _attention_ops(graph)
@@ -161,14 +163,13 @@ def single_device_choice(graph: Graph) -> dict:
 
 
 def simulate_baseline(system: str, graph: Graph, topology, weights: str = "sharded") -> BaselineTime:
-    sim = es_sys.api("einsummable.runtime.simulate", "simulate")
     n = topology.world_size
     if system == "pytorch":
-        result = sim(graph, single_device_choice(graph), topology)
+        result = simulate_choice(graph, single_device_choice(graph), topology)
         return BaselineTime(result.compute_s[0], result.compute_s[0], 0.0, (), "one device")
     plan = es_sys.named_plan(graph, topology, NAMED_LAYOUT[system])
     compute_s = max(es_sys.simulate(plan).compute_s)
-    colls = collectives_for(system, graph, es_sys.choice_of(plan), weights)
+    colls = collectives_for(system, graph, plan.chosen, weights)
     bw, lat = ring(topology)
     comm_s = sum(collective_time(c, n, bw, lat) for c in colls if c.kind != "ring_pass")
     if system in RING_SYSTEMS:

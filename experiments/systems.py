@@ -8,13 +8,11 @@ from __future__ import annotations
 import importlib.util
 
 from .baselines import BASELINES, RankStep
+from .einsummable_system import measured_step
+from .unavailable import Unavailable
 
 MEASURED_SYSTEMS = ("einsummable", "pytorch", "pytorch-tp", "pytorch-tp-sp", "data-parallel",
                     "vllm", "floor", "floor-fused")
-
-
-class Unavailable(Exception):
-    """A system that cannot run here; the message is the reason shown in its row."""
 
 
 def vllm_available() -> bool:
@@ -26,7 +24,6 @@ def rank_step(name: str, block, x, rank: int, world: int, weights: str = "sharde
     if name in BASELINES:
         return BASELINES[name].build(block, x, rank, world, weights=weights)
     if name == "einsummable":
-        from .einsummable_system import measured_step
         return measured_step(payload, block, x, rank, world)
     if name == "vllm":
         raise Unavailable("vLLM is not installed" if not vllm_available() else

@@ -1,4 +1,4 @@
-"""`einsummable figs`: turn results files into the paper's figures (PNG).
+"""`einsummable-figs` (or `python -m paper_figs.cli`): turn results files into the paper's figures (PNG).
 
 Which figure each results document gives: blocks and chains -> bars per workload and system;
 measured sweeps -> the shape sweep; random_plans -> the distribution; every measured row with
@@ -8,6 +8,7 @@ a prediction -> predicted against measured with Pearson r; every plan kept in a 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ DEFAULT_RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "resu
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                        help="directory of results *.json (from `einsummable bench`)")
+                        help="directory of results *.json (from `einsummable-bench`)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where the PNGs go (default: <results>/figs)")
     parser.add_argument("--json", action="store_true",
@@ -56,13 +57,23 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or args.results / "figs"
     written = draw_all(args.results, out, args.max_plans)
     if args.json:
-        import json
         json.dump({"figures": [str(p) for p in written]}, sys.stdout)
         sys.stdout.write("\n")
     else:
         for p in written:
             print(p)
         if not written:
-            print(f"no results in {args.results}; run `einsummable bench CONFIG` first",
+            print(f"no results in {args.results}; run `einsummable-bench CONFIG` first",
                   file=sys.stderr)
     return 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The `einsummable-figs` entry point."""
+    parser = argparse.ArgumentParser(prog="einsummable-figs", description=HELP)
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

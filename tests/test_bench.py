@@ -1,4 +1,4 @@
-"""`einsummable bench` end to end on a tiny config, and the figures from a small results file."""
+"""`einsummable-bench` end to end on a tiny config, and the figures from a small results file."""
 from __future__ import annotations
 
 import csv
@@ -27,7 +27,7 @@ def test_tiny_config_end_to_end(tmp_path: Path) -> None:
     cfg_path = tmp_path / "tiny.yaml"
     cfg_path.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "einsummable.cli", "bench", str(cfg_path),
+    proc = subprocess.run([sys.executable, "-m", "experiments.bench", str(cfg_path),
                            "--out", str(out), "--json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -49,7 +49,7 @@ def test_tiny_config_end_to_end(tmp_path: Path) -> None:
     assert {r["system"] for r in rows} >= {"pytorch-tp", "floor", "vllm"}
 
     # The printed table has ratios to pytorch-tp.
-    table = subprocess.run([sys.executable, "-m", "einsummable.cli", "bench", str(cfg_path),
+    table = subprocess.run([sys.executable, "-m", "experiments.bench", str(cfg_path),
                             "--out", str(out), "--repeats", "2"], cwd=ROOT,
                            capture_output=True, text=True, timeout=240)
     assert table.returncode == 0, table.stderr[-2000:]

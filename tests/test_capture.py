@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from einsummable.capture import bind, supported_ops, trace
+from einsummable.frontend.capture import bind, supported_ops, trace
 from einsummable.errors import EinsummableError, UnsupportedOpError
 from einsummable.models import MLP, TwoLayerMLP, preset
-from einsummable.reference import evaluate
+from einsummable.frontend.reference import evaluate
 
 TOL = 1e-5
 
@@ -390,7 +390,7 @@ def test_llama_block_matches_hand_built_ir():
     a little FLOPs), none at seq == max_seq. Unfused, the captured graph has the spelled-out
     chain (no fused op at all)."""
     llama_ir = pytest.importorskip("einsummable.models.llama_ir")
-    from einsummable.fuse import fuse
+    from einsummable.frontend.fuse import fuse
     for seq, extra in ((16, 2), (256, 0)):
         m, (x,) = preset("llama-tiny", batch=2, seq=seq)
         c = m.config
@@ -412,7 +412,7 @@ def test_llama_block_matches_hand_built_ir():
 def test_llama_65b_meta_capture_time_and_memory():
     code = (
         "import json, resource, time\n"
-        "from einsummable.capture import trace\n"
+        "from einsummable import trace\n"
         "from einsummable.models import preset\n"
         "m, (x,) = preset('llama-65b', batch=1, seq=2048, device='meta')\n"
         "t = time.perf_counter(); g = trace(m, (x,)); dt = time.perf_counter() - t\n"

@@ -7,10 +7,10 @@ import time
 import pytest
 import yaml
 
-from einsummable.builder import Builder
+from einsummable.frontend.builder import Builder
 from einsummable.cli import main as cli
-from einsummable.optimize import optimize
-from einsummable.topology import Topology, load_topology
+from einsummable.optimizer.api import optimize
+from einsummable.topology import load_topology, read_topology
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_calibrate_quick_writes_a_loadable_topology(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     text = out.read_text()
     assert text.startswith("#") and "MEASURED" in text and "calibrate" in text
-    topo = Topology.from_dict(yaml.safe_load(text))
+    topo = read_topology(yaml.safe_load(text))
     assert topo.world_size == 2 and topo.link(0, 1).bw == pytest.approx(got["measured"]["p2p_bw"],
                                                                       rel=0.01)
     assert topo.devices[0].launch_s > 0 and topo.devices[0].peak("float32") > 1e6

@@ -9,12 +9,13 @@ import random
 import torch
 from hypothesis import given, settings, strategies as st
 
-from einsummable.coalesce import worth_packing
-from einsummable.lower import lower
-from einsummable.reference import evaluate
-from einsummable.runtime.local import run_local
-from einsummable.runtime.program import Lowered, Pack, Recv, Send, Unpack
-from einsummable.runtime.simulate import simulate_programs
+from einsummable.backend.coalesce import worth_packing
+from einsummable.backend.lowering import lower
+from einsummable.frontend.reference import evaluate
+from einsummable.backend.runtime.local import run_local
+from einsummable.backend.lowering import Lowered
+from einsummable.core.program import Pack, Recv, Send, Unpack
+from einsummable.backend.runtime.simulator import simulate_programs
 from einsummable.topology import synthetic
 
 from test_lower_local import inputs_for, random_choice, random_graph
@@ -69,8 +70,8 @@ def test_packed_programs_equal_the_reference(seed, n):
 
 def test_packing_happens_and_saves_messages_on_a_gather():
     # Every device needs the whole weight: each peer's blocks of it go as one message.
-    from einsummable.builder import Builder
-    from einsummable.placement import INPUT_PREFIX, input_op, place
+    from einsummable.frontend.builder import Builder
+    from einsummable.planning.placement import INPUT_PREFIX, input_op, place
     b = Builder()
     x = b.input("x", (8, 16))
     w = b.weight("w", (16, 12))
@@ -101,7 +102,7 @@ def test_only_small_blocks_are_worth_a_copy():
 
 
 def test_packed_llama_tiny_on_gloo_equals_reference():
-    from einsummable.runtime.dist import Pools, run_dist
+    from einsummable.backend.runtime.dist import Pools, run_dist
     from test_dist import llama, named_plans, rel_err
     g, ins, _ = llama()
     topo = PACKING[4]

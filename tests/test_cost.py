@@ -6,11 +6,13 @@ import math
 
 import pytest
 
-from einsummable.builder import Builder
-from einsummable.cost import (CostModel, EdgePricer, FastTopology, compute_cost, consumer_needs,
-                              edge_cost, finished_needs)
-from einsummable.exchange import exchange_time, link_bytes, synthesize
-from einsummable.placement import output_layout, place
+from einsummable.frontend.builder import Builder
+from einsummable.planning.cost import CostModel, compute_cost, consumer_needs, finished_needs
+from einsummable.optimizer.pricing import EdgePricer, edge_cost
+from einsummable.topology.view import FastTopology
+from einsummable.planning.timing import exchange_time, link_bytes
+from einsummable.planning.exchange import synthesize
+from einsummable.planning.placement import output_layout, place
 from einsummable.topology import load_topology, synthetic
 
 
@@ -115,7 +117,7 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
     mm, relu = g.ops
     info = g.tensor(mm.output)
     devs = [0, 1, 2, 3]
-    from einsummable.spec import decompositions
+    from einsummable.planning.spec import decompositions
     keys = []
     for d1 in decompositions(mm, 4):
         for d2 in decompositions(relu, 4):
@@ -125,7 +127,7 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
     serial = EdgePricer(topo, workers=1)
     serial.prefetch(keys)
     par = EdgePricer(topo, workers=2)
-    monkeypatch.setattr("einsummable.cost.PARALLEL_MIN_PAIRS", 1)
+    monkeypatch.setattr("einsummable.optimizer.pricing.PARALLEL_MIN_PAIRS", 1)
     par.prefetch(keys)
     assert all(serial.known(k) == par.known(k) is not None for k in keys)
     assert not math.isnan(sum(v.seconds for v in serial._memo.values()))
@@ -134,7 +136,7 @@ def test_parallel_prefetch_matches_serial(monkeypatch):
 def _random_layouts(g, n: int, rng) -> tuple[list, list]:
     """Every layout of the matmul's output and every needs of the relu reading it, on
     shuffled devices (replicas and partial sums among them)."""
-    from einsummable.spec import decompositions
+    from einsummable.planning.spec import decompositions
     mm, relu = g.ops
     lays, needs = [], []
     for d in decompositions(mm, n, replication=True):
@@ -154,8 +156,8 @@ def test_matrix_bounds_equal_the_bound_of_each_cell():
     # partial sums) and random boxes that overlap (the cell-by-cell fallback)
     import random
     from hypothesis import given, settings, strategies as st
-    from einsummable.bound import exchange_lower_bound, matrix_bounds
-    from einsummable.placement import Piece
+    from einsummable.planning.bound import exchange_lower_bound, matrix_bounds
+    from einsummable.planning.placement import Piece
     topos = [synthetic(4), synthetic(8, nodes=2), load_topology("dgx1-v100"), load_topology("cpu4")]
     g = _matmul(m=64, k=128, n=32)
     for topo in topos:
@@ -207,7 +209,7 @@ def test_lazy_bounds_never_exceed_the_exact_price(topo):
     # The optimizer solves on these bounds for unpriced cells; optimality needs bound <= price
     # for the seconds and for the local (stitching) part, partial sums and replicas included.
     import random
-    from einsummable.cost import EdgeMatrix
+    from einsummable.optimizer.pricing import EdgeMatrix
     g = _matmul(m=256, k=512, n=128)
     mm = g.ops[0]
     info = g.tensor(mm.output)
@@ -231,8 +233,8 @@ def test_lazy_bounds_never_exceed_the_exact_price(topo):
 def test_weights_in_one_batch_pay_latency_and_messages_once():
     # Where the transport charges per message, lowering sends every weight in one batch; a
     # weight edge then adds only its bytes' time (and folds, stitching) to that batch.
-    from einsummable.ir import TensorInfo
-    from einsummable.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
+    from einsummable.planning.placement import Piece
     info = TensorInfo("w", (256, 256), "float32")
     full = ((0, 256), (0, 256))
     pieces = [Piece(((64 * d, 64 * (d + 1)), (0, 256)), d, 0, 1) for d in range(4)]
@@ -261,7 +263,7 @@ def test_uncovered_volume_counts_the_points_outside():
     # on grids (disjoint blocks, as layouts give) and on boxes that overlap.
     import numpy as np
     from hypothesis import given, settings, strategies as st
-    from einsummable.bound import _cut_away, uncovered_volume
+    from einsummable.planning.bound import _cut_away, uncovered_volume
 
     @st.composite
     def case(draw):

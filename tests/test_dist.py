@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from einsummable.errors import PlanError, RuntimeFault
-from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, input_op, place, split_choice
-from einsummable.reference import evaluate
-from einsummable.runtime import run
-from einsummable.runtime.dist import Pools
+from einsummable.backend.lowering import lower
+from einsummable.planning.placement import INPUT_PREFIX, input_op, place, split_choice
+from einsummable.frontend.reference import evaluate
+from einsummable.backend.runtime import run
+from einsummable.backend.runtime.dist import Pools
 from einsummable.topology import load_topology, synthetic
 
 from test_lower_local import random_choice, rel_err
@@ -50,7 +50,7 @@ def named_plans(g, topo):
     out["batch-parallel"] = split_plan(g, n, ("b",))
     out["head-parallel"] = split_plan(g, n, ("h", "f", "n", "b"))
     try:
-        from einsummable.optimize import named_plan, optimize
+        from einsummable.optimizer.api import named_plan, optimize
     except ImportError:  # the optimizer is optional for these tests
         return out
     for name in ("data-parallel", "fsdp", "megatron-tp"):
@@ -70,7 +70,7 @@ def test_llama_tiny_on_gloo_equals_reference(n, pools):
     assert rel_err(want, ref) <= 1e-5
     plans = named_plans(g, topo)
     assert len(plans) >= 4
-    from einsummable.runtime.dist import run_dist
+    from einsummable.backend.runtime.dist import run_dist
     for name, choice in plans.items():
         low = lower(g, choice, topo)
         got = run_dist(low, ins, backend="gloo", pools=pools, no_collectives=True)
@@ -81,7 +81,7 @@ def test_llama_tiny_on_gloo_equals_reference(n, pools):
 
 
 def test_collectives_really_raise_in_workers(pools):
-    from einsummable.runtime.dist import forbid_collectives
+    from einsummable.backend.runtime.dist import forbid_collectives
     import torch.distributed as dist
     saved = {k: getattr(dist, k) for k in ("all_reduce", "barrier", "broadcast")}
     try:
@@ -98,7 +98,7 @@ def test_killed_rank_fails_everyone_fast():
     g, ins, _ = llama()
     topo = load_topology("cpu4")
     low = lower(g, split_plan(g, 4, ("b",)), topo)
-    from einsummable.runtime.dist import run_dist
+    from einsummable.backend.runtime.dist import run_dist
     p = Pools()
     try:
         pool = p.get("gloo", 4)
@@ -124,7 +124,7 @@ def test_world_size_mismatch_is_refused():
 
 
 def test_compile_llama_tiny_on_gloo():
-    from einsummable.compile import compile as es_compile
+    from einsummable.compiler import compile as es_compile
     from einsummable.models import preset
     from einsummable.models.llama_ir import llama_block_graph
     module, (x,) = preset("llama-tiny", batch=2, seq=8)

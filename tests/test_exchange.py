@@ -10,12 +10,15 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from einsummable.exchange import (Exchange, contains, exchange_time, link_bytes, subtract,
-                                  synthesize, volume)
-from einsummable.ir import make_op
-from einsummable.placement import input_needs, output_layout, place
-from einsummable.scalar import arg, call
-from einsummable.spec import decompositions, intersect
+from einsummable.planning.transfers import Exchange
+from einsummable.core.geometry import contains, subtract, volume
+from einsummable.planning.timing import exchange_time, link_bytes
+from einsummable.planning.exchange import synthesize
+from einsummable.frontend.ir import make_op
+from einsummable.planning.placement import input_needs, output_layout, place
+from einsummable.frontend.scalar import arg, call
+from einsummable.planning.spec import decompositions
+from einsummable.core.geometry import intersect
 from einsummable.topology import load_topology, synthetic
 
 
@@ -129,7 +132,7 @@ def test_random_layouts_are_delivered_exactly(seed, n, mode):
 
 
 def prod_info(op):
-    from einsummable.ir import TensorInfo
+    from einsummable.frontend.ir import TensorInfo
     return TensorInfo(op.output, (op.size["i"], op.size["k"]))
 
 
@@ -146,8 +149,8 @@ def test_identical_layouts_and_local_needs_cost_nothing():
 def test_only_overlap_is_sent():
     topo = synthetic(2)
     prod, _, _ = producer_consumer(random.Random(0))
-    from einsummable.placement import Piece
-    from einsummable.ir import TensorInfo
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
     info = TensorInfo("t", (8, 8))
     pieces = [Piece(((0, 4), (0, 8)), 0, 0, 1), Piece(((4, 8), (0, 8)), 1, 0, 1)]
     ex = synthesize(info, pieces, [(((2, 6), (0, 8)), 1)], None, topo)
@@ -158,8 +161,8 @@ def test_only_overlap_is_sent():
 def test_partials_fold_inside_node_first():
     # 2 nodes x 4: all 8 devices hold a partial of one block, device 0 reads it.
     topo = synthetic(8, nodes=2)
-    from einsummable.placement import Piece
-    from einsummable.ir import TensorInfo
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
     info = TensorInfo("t", (16, 16))
     reg = ((0, 16), (0, 16))
     pieces = [Piece(reg, d, d, 8) for d in range(8)]
@@ -176,8 +179,8 @@ def test_partials_fold_inside_node_first():
 
 def test_block_crosses_slow_link_once_and_is_relayed():
     topo = synthetic(8, nodes=2)
-    from einsummable.placement import Piece
-    from einsummable.ir import TensorInfo
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
     info = TensorInfo("t", (64, 64))
     reg = ((0, 64), (0, 64))
     ex = synthesize(info, [Piece(reg, 0, 0, 1)], [(reg, d) for d in range(8)], None, topo)
@@ -190,8 +193,8 @@ def test_block_crosses_slow_link_once_and_is_relayed():
 
 def test_dgx1_missing_links_are_relayed_over_nvlink():
     topo = load_topology("dgx1-v100")
-    from einsummable.placement import Piece
-    from einsummable.ir import TensorInfo
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
     info = TensorInfo("t", (1024, 1024))
     reg = ((0, 1024), (0, 1024))
     ex = synthesize(info, [Piece(reg, 0, 0, 1)], [(reg, 7)], None, topo)
@@ -246,8 +249,8 @@ def _nic_bytes(ex, topo, side: str) -> dict[int, int]:
 
 def test_large_block_to_the_other_node_is_cut_over_every_rail():
     topo = synthetic(8, nodes=2)
-    from einsummable.placement import Piece
-    from einsummable.ir import TensorInfo
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
     info = TensorInfo("t", (2048, 1024))  # 8 MiB of fp32: four chunks of 2 MiB
     reg = ((0, 2048), (0, 1024))
     pieces = [Piece(reg, 0, 0, 1)]
@@ -276,8 +279,8 @@ def test_blocks_from_the_other_node_arrive_over_all_its_nics():
     # bottom half (a weight gathered for a split the storage does not have). Each reader needs
     # a part of every remote shard: sent straight, they would all enter by its own NIC.
     topo = synthetic(8, nodes=2)
-    from einsummable.placement import Piece
-    from einsummable.ir import TensorInfo
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
     info = TensorInfo("w", (512, 1024))
     pieces = [Piece(((0, 512), (128 * d, 128 * (d + 1))), d, 0, 1) for d in range(8)]
     needs = [(((0, 256), (0, 1024)) if d % 2 == 0 else ((256, 512), (0, 1024)), d)

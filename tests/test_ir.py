@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import einsummable as es
-from einsummable.ir import Graph, parse_einsum
-from einsummable.scalar import Expr, arg, call, const, evaluate as eval_expr
+from einsummable.frontend.ir import Graph
+from einsummable.frontend.einsum import parse_einsum
+from einsummable.frontend.scalar import Expr, arg, call, const, evaluate as eval_expr
 
 
 def test_parse_plain_and_grouped():
@@ -133,7 +134,7 @@ def test_expr_json_and_print():
 
 
 def test_every_join_function_evaluates():
-    from einsummable.scalar import FUNCTIONS
+    from einsummable.frontend.scalar import FUNCTIONS
     t = torch.rand(5) + 0.5
     for name, (arity, fn) in FUNCTIONS.items():
         e = Expr(name, tuple(arg(i) for i in range(arity)), 2.0 if name == "pow" else None)

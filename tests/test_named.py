@@ -8,34 +8,36 @@ import pytest
 from einsummable.errors import PlanError
 from einsummable.models.llama_ir import llama_block_graph
 from einsummable.models.presets import preset_config
-from einsummable.named import STRATEGIES, STRATEGY_WEIGHTS
+from einsummable.optimizer.named import STRATEGIES, STRATEGY_WEIGHTS
 from einsummable.topology import load_topology
+from einsummable.optimizer.api import named_plan, plan_cost
+from einsummable.optimizer.model import build_model
+from einsummable.optimizer.search import solve_model
+from einsummable.planning.plan import Options
 
-import einsummable.optimize  # noqa: F401
-O = sys.modules["einsummable.optimize"]
 
 
 @pytest.fixture(scope="module")
 def block():
     g = llama_block_graph(preset_config("llama-7b", width=0.25), 2, 256, "float16")
     topo = load_topology("a100x8")
-    return g, topo, O.build_model(g, topo, O.Options("sharded", True))
+    return g, topo, build_model(g, topo, Options("sharded", True))
 
 
 def test_every_strategy_is_an_exact_plan_and_not_better_than_the_optimum(block):
     g, topo, model = block
-    free_model = O.build_model(g, topo, O.Options("free", True))
-    best = O.solve_model(model)
-    free = O.solve_model(free_model)
+    free_model = build_model(g, topo, Options("free", True))
+    best = solve_model(model)
+    free = solve_model(free_model)
     for name in STRATEGIES:
         m = free_model if STRATEGY_WEIGHTS.get(name) == "free" else model
-        plan = O.named_plan(g, topo, name, steady_state=True, model=m)
-        assert plan.option["strategy"] == name
-        assert plan.option["inexact_ops"] == [], name
+        plan = named_plan(g, topo, name, steady_state=True, model=m)
+        assert plan.origin.strategy == name
+        assert plan.origin.inexact_ops == (), name
         ref = free if STRATEGY_WEIGHTS.get(name) == "free" else best
         assert ref.objective <= plan.objective_s * (1 + 1e-6), name
         w = STRATEGY_WEIGHTS.get(name, "sharded")
-        assert O.plan_cost(g, topo, plan.chosen, weights=w, steady_state=True) == plan.objective_s
+        assert plan_cost(g, topo, plan.chosen, weights=w, steady_state=True) == plan.objective_s
 
 
 def _split(plan, op):
@@ -44,8 +46,8 @@ def _split(plan, op):
 
 def test_megatron_is_column_then_row_and_sp_splits_the_sequence(block):
     g, topo, model = block
-    tp = O.named_plan(g, topo, "megatron-tp", steady_state=True, model=model)
-    sp = O.named_plan(g, topo, "megatron-tp-sp", steady_state=True, model=model)
+    tp = named_plan(g, topo, "megatron-tp", steady_state=True, model=model)
+    sp = named_plan(g, topo, "megatron-tp-sp", steady_state=True, model=model)
     mm = [op for op in g.ops if op.agg == "sum" and any(g.tensor(i).kind == "weight" for i in op.inputs)]
     wq, wo, w1, w2 = mm[0], mm[3], mm[4], mm[6]
     assert _split(tp, wq.name) == {"h"}          # heads: column parallel
@@ -59,11 +61,11 @@ def test_megatron_is_column_then_row_and_sp_splits_the_sequence(block):
 
 def test_data_parallel_and_ulysses(block):
     g, topo, model = block
-    dp = O.named_plan(g, topo, "fsdp", steady_state=True, model=model)
+    dp = named_plan(g, topo, "fsdp", steady_state=True, model=model)
     for op in g.ops:
         roles = model.roles.modes[op.name]
         assert {roles[m] for m in _split(dp, op.name)} <= {"batch", "seq"}, op.name
-    ul = O.named_plan(g, topo, "ulysses", steady_state=True, model=model)
+    ul = named_plan(g, topo, "ulysses", steady_state=True, model=model)
     scores = next(op for op in g.ops if sum(model.roles.modes[op.name].get(m) == "seq"
                                             for m in op.modes if op.size[m] > 1) >= 2)
     assert {model.roles.modes[scores.name][m] for m in _split(ul, scores.name)} == {"feature"}
@@ -72,4 +74,4 @@ def test_data_parallel_and_ulysses(block):
 def test_unknown_strategy():
     g = llama_block_graph(preset_config("llama-tiny"), 1, 16, "float32")
     with pytest.raises(PlanError):
-        O.named_plan(g, "cpu4", "pipeline")
+        named_plan(g, "cpu4", "pipeline")

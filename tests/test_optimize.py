@@ -8,15 +8,26 @@ import time
 import pytest
 
 import formulations as fm
-from einsummable.builder import Builder
-from einsummable.candidates import OpCandidates, graph_candidates
-from einsummable.cost import EdgePricer
+from einsummable.frontend.builder import Builder
+from einsummable.planning.candidates import OpCandidates, graph_candidates
+from einsummable.optimizer.pricing import EdgePricer
 from einsummable.errors import PlanError
-from einsummable.plan import Plan
+from einsummable.planning.plan import Plan
 from einsummable.topology import load_topology, synthetic
 
-import einsummable.optimize  # noqa: F401  (the package re-exports a function of this name)
-O = sys.modules["einsummable.optimize"]
+from einsummable.optimizer.objective import objective_s
+from einsummable.optimizer.api import named_plan, optimize, plan_cost
+from einsummable.optimizer.model import fixed_nodes
+from einsummable.optimizer.report import explain
+from einsummable.optimizer.lp_phase import lp_pricing
+from einsummable.optimizer.model import build_model
+from einsummable.optimizer.named import _cheapest, named_assignment
+from einsummable.optimizer.objective import to_problem
+import einsummable.optimizer.lp_phase as lp_phase_module
+from einsummable.optimizer.policy import SearchPolicy
+from einsummable.optimizer.search import solve_model
+from einsummable.optimizer.ties import repeats
+from einsummable.planning.plan import Options
 
 EXHAUSTIVE_LIMIT = 4000
 
@@ -71,21 +82,21 @@ def test_mip_equals_exhaustive_on_200_random_graphs():
     for trial in range(200):
         name, topo = topos[trial % len(topos)]
         g = _random_graph(rng)
-        opts = O.Options(weights=rng.choice(["sharded", "free"]),
+        opts = Options(weights=rng.choice(["sharded", "free"]),
                          steady_state=rng.random() < 0.3 and any(
                              g.tensor(y).shape == g.tensor("x").shape for y in g.outputs),
                          overlap=False)  # the plain sum is the pairwise problem itself
         nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
-        model = O.build_model(g, topo, opts, nodes)
-        lazy = O.solve_model(model)  # prices lazily: only the cells its solutions use
-        problem = O.to_problem(model)  # every cell priced
+        model = build_model(g, topo, opts, nodes)
+        lazy = solve_model(model)  # prices lazily: only the cells its solutions use
+        problem = to_problem(model)  # every cell priced
         mip = fm.solve(problem)
         ex = fm.exhaustive(problem)
         assert lazy.objective == pytest.approx(ex.objective, rel=1e-6, abs=1e-15), (trial, name)
         # equal up to the solver's feasibility tolerance (HiGHS: 1e-7 relative on scaled costs)
         assert mip.objective == pytest.approx(ex.objective, rel=1e-6, abs=1e-15), (trial, name)
         assert mip.gap == pytest.approx(0.0, abs=1e-6)
-        assert model.objective(mip.assignment) == pytest.approx(mip.objective, rel=1e-12)
+        assert objective_s(model, mip.assignment) == pytest.approx(mip.objective, rel=1e-12)
         checked += 1
     assert checked == 200
 
@@ -97,31 +108,31 @@ def _random_models(seed: int, trials: int):
     for trial in range(trials):
         name, topo = topos[trial % len(topos)]
         g = _random_graph(rng)
-        opts = O.Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
+        opts = Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
         nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
-        yield trial, name, O.build_model(g, topo, opts, nodes)
+        yield trial, name, build_model(g, topo, opts, nodes)
 
 
 def _exhaustive_best(model, keep=lambda choice: True) -> float:
     """The least exact objective over every feasible choice that `keep` accepts."""
     import itertools
     keys = list(model.nodes)
-    problem = O.to_problem(model)
+    problem = to_problem(model)
     best = float("inf")
     for combo in itertools.product(*(range(len(model.nodes[k].cands)) for k in keys)):
         choice = dict(zip(keys, combo))
         if not fm.violations(problem, choice) and keep(choice):
-            best = min(best, model.objective(choice))
+            best = min(best, objective_s(model, choice))
     return best
 
 
 def test_lazy_pricing_after_its_rounds_prices_only_hopeful_cells_and_stays_exact(monkeypatch):
     # LAZY_ROUNDS = 1: after the first solve on bounds, only cells that could beat the current
     # plan are priced (`hopeful_cells`); the answer must still be the exhaustive optimum.
-    monkeypatch.setattr(O, "LAZY_ROUNDS", 1)
+    policy = SearchPolicy(lazy_rounds=1)
     left_unpriced = 0
     for trial, name, model in _random_models(7, 60):
-        lazy = O.solve_model(model)
+        lazy = solve_model(model, policy=policy)
         left_unpriced += sum(not e.matrix.priced(r, s) for e in model.edges
                              for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1]))
         best = _exhaustive_best(model)
@@ -134,7 +145,7 @@ def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypat
     # prices half of them) makes the next solve the last, over priced cells only. Its answer
     # is the best plan among those whose every cell is priced, at its exact cost, and the
     # bound still holds for the exhaustive optimum over all cells.
-    monkeypatch.setattr(O, "LAZY_ROUNDS", 1)
+    policy = SearchPolicy(lazy_rounds=1)
     cut_short = 0
     for trial, name, model in _random_models(11, 40):
         full = model.pricer.prefetch_short
@@ -144,12 +155,12 @@ def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypat
                 return full(shorts, deadline)
             return full(shorts[:len(shorts) // 2], None)
         monkeypatch.setattr(model.pricer, "prefetch_short", half)
-        warm, _ = O.named_assignment(model, "megatron-tp")
-        sol = O.solve_model(model, time_limit_s=600, warm_start=warm)
+        warm, _ = named_assignment(model, "megatron-tp")
+        sol = solve_model(model, time_limit_s=600, warm_start=warm, policy=policy)
         priced = {e.matrix.short(r, s) for e in model.edges for r in range(e.matrix.shape[0])
                   for s in range(e.matrix.shape[1]) if e.matrix.priced(r, s)}
         assert all(e.matrix.short(*e.cell(sol.assignment)) in priced for e in model.edges)
-        assert sol.objective == pytest.approx(model.objective(sol.assignment), rel=1e-9)
+        assert sol.objective == pytest.approx(objective_s(model, sol.assignment), rel=1e-9)
         best_all = _exhaustive_best(model)
         best_priced = _exhaustive_best(model, lambda choice: all(
             e.matrix.short(*e.cell(choice)) in priced for e in model.edges))
@@ -166,10 +177,10 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
     # Pricing predicted to be dear: the LP relaxation prices the cells it uses first, its
     # bounds narrow the hopeful cells, its rounding is an incumbent; the answer must still be
     # the exhaustive optimum, and the LP's bound at most that optimum.
-    monkeypatch.setattr(O, "LP_PRICING_MIN_S", 0.0)
+    policy = SearchPolicy(lp_pricing_min_s=0.0)
     monkeypatch.setattr(EdgePricer, "predict_s", lambda self, n: 1e3 * n)
     calls = []
-    real = O.lp_pricing
+    real = lp_pricing
 
     from formulations.relax import Relaxation
     solves = []
@@ -187,11 +198,11 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
         calls.append(got)
         rounds.append(len(solves) - before)
         return got
-    monkeypatch.setattr(O, "lp_pricing", spy)
+    monkeypatch.setattr(lp_phase_module, "lp_pricing", spy)
     ran = 0
     for trial, name, model in _random_models(5, 40):
         calls.clear()
-        sol = O.solve_model(model)
+        sol = solve_model(model, policy=policy)
         best = _exhaustive_best(model)
         assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
         for got in calls:
@@ -217,14 +228,14 @@ def _split(plan, key):
 
 
 def test_few_tokens_rediscover_megatron_column_then_row(tmp_path):
-    plan = O.optimize(_mlp(64), "a100x8", steady_state=True, cache=tmp_path)
+    plan = optimize(_mlp(64), "a100x8", steady_state=True, cache=tmp_path)
     assert _split(plan, "up") == {"f"}        # column parallel: the weight's output features
     assert _split(plan, "down") == {"f"}      # row parallel: the contraction, partial sums
     assert plan.gap == pytest.approx(0.0, abs=1e-9)
 
 
 def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
-    plan = O.optimize(_mlp(65536), "a100x8", cache=tmp_path)
+    plan = optimize(_mlp(65536), "a100x8", cache=tmp_path)
     assert _split(plan, "up") == {"t"} and _split(plan, "down") == {"t"}
     # weights stay stored once (sharded) and are gathered by the ops: FSDP-like
     for w in ("w1", "w2"):
@@ -244,21 +255,22 @@ def test_square_matmul_chain_splits_three_modes(tmp_path):
     for i in range(2):
         x = b.einsum("ik,kj->ij", x, b.weight(f"W{i}", (8192, 8192)), name=f"mm{i}")
     g = b.build([x])
-    plan = O.optimize(g, "dgx1-v100", overlap=False, cache=tmp_path)
+    plan = optimize(g, "dgx1-v100", overlap=False, cache=tmp_path)
     assert dict(plan.candidate("mm0").parts) == {"i": 2, "j": 2, "k": 2}
     assert plan.gap == pytest.approx(0.0, abs=1e-9)
     for name in ("megatron-tp", "fsdp"):
-        assert plan.objective_s < O.named_plan(g, "dgx1-v100", name,
+        assert plan.objective_s < named_plan(g, "dgx1-v100", name,
                                                overlap=False).objective_s
 
 
 def _bytes_inside_and_across(g, topo, plan, steady_state: bool) -> tuple[int, int]:
     """Bytes the plan's exchanges put on links inside a node and on links between nodes."""
-    from einsummable.cost import consumer_needs, finished_needs
-    from einsummable.exchange import link_bytes, synthesize
-    from einsummable.placement import output_layout
-    opts = O.Options("sharded", steady_state)
-    model = O.build_model(g, topo, opts, O._restricted(g, topo, opts, plan.chosen))
+    from einsummable.planning.cost import consumer_needs, finished_needs
+    from einsummable.planning.timing import link_bytes
+    from einsummable.planning.exchange import synthesize
+    from einsummable.planning.placement import output_layout
+    opts = Options("sharded", steady_state)
+    model = build_model(g, topo, opts, fixed_nodes(g, topo, opts, plan.chosen))
     inside = across = 0
     for e in model.edges:
         src, dst = model.nodes[e.src], model.nodes[e.dst]
@@ -277,7 +289,7 @@ def _bytes_inside_and_across(g, topo, plan, steady_state: bool) -> tuple[int, in
 def test_traffic_stays_inside_nodes_on_two_nodes(tmp_path):
     topo = synthetic(8, nodes=2)
     g = _mlp(4096, d=1024, f=4096)
-    plan = O.optimize(g, topo, steady_state=True, cache=tmp_path)
+    plan = optimize(g, topo, steady_state=True, cache=tmp_path)
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
 
@@ -287,7 +299,7 @@ def test_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
     # solves in seconds: the heavy traffic is inside the nodes.
     topo = load_topology("h100x8x2")
     g = _mlp(4096, d=1024, f=4096)
-    plan = O.optimize(g, topo, steady_state=True, cache=tmp_path)
+    plan = optimize(g, topo, steady_state=True, cache=tmp_path)
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
 
@@ -297,19 +309,19 @@ def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
     # a plan whose objective is its exact cost, under a finite bound the full search respects.
     topo = load_topology("h100x8x2")
     g = _mlp(4096, d=1024, f=4096)
-    quick = O.optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
-    assert quick.option["status"] == "time_limit"
+    quick = optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
+    assert quick.origin.status == "time_limit"
     assert quick.objective_s == pytest.approx(
-        O.plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
+        plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
     assert 0 < quick.bound_s <= quick.objective_s
     assert quick.gap == pytest.approx((quick.objective_s - quick.bound_s) / quick.objective_s)
-    full = O.optimize(g, topo, steady_state=True, cache=tmp_path)
+    full = optimize(g, topo, steady_state=True, cache=tmp_path)
     assert quick.bound_s <= full.objective_s * (1 + 1e-9) <= quick.objective_s * (1 + 1e-9)
 
 
 def test_pricing_stops_at_its_deadline():
     topo = load_topology("h100x8x2")
-    model = O.build_model(_mlp(4096, d=1024, f=4096), topo, O.Options("sharded", True))
+    model = build_model(_mlp(4096, d=1024, f=4096), topo, Options("sharded", True))
     cells = [e.matrix.short(r, s) for e in model.edges
              for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1])]
     todo = [c for c in dict.fromkeys(cells) if model.pricer.known_short(c) is None]
@@ -322,7 +334,7 @@ def test_pricing_stops_at_its_deadline():
 
 def test_pricing_time_is_predicted_from_what_was_priced():
     topo = load_topology("h100x8x2")
-    model = O.build_model(_mlp(4096, d=1024, f=4096), topo, O.Options("sharded", True))
+    model = build_model(_mlp(4096, d=1024, f=4096), topo, Options("sharded", True))
     pricer = model.pricer
     pricer.workers = 2
     spent = pricer.spent_pairs
@@ -344,35 +356,36 @@ def test_llama7b_block_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
     from einsummable.models.presets import preset_config
     topo = load_topology("h100x8x2")
     g = llama_block_graph(preset_config("llama-7b"), 4, 2048, "float16", 1)
-    plan = O.optimize(g, topo, steady_state=True, cache=tmp_path)
+    plan = optimize(g, topo, steady_state=True, cache=tmp_path)
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
     for name in ("fsdp", "megatron-tp", "megatron-tp-sp", "ulysses"):
-        named = O.named_plan(g, topo, name, steady_state=True)
+        named = named_plan(g, topo, name, steady_state=True)
         assert plan.objective_s <= named.objective_s * (1 + 1e-9), name
 
 
 def test_objective_is_plan_cost_and_json_round_trips(tmp_path):
     g = _mlp(256, d=512, f=1024)
     topo = load_topology("a100x8")
-    plan = O.optimize(g, topo, steady_state=True, cache=False)
-    assert O.plan_cost(g, topo, plan.chosen, steady_state=True) == plan.objective_s
+    plan = optimize(g, topo, steady_state=True, cache=False)
+    assert plan_cost(g, topo, plan.chosen, steady_state=True) == plan.objective_s
     text = plan.to_json()
     again = Plan.from_json(text)
     assert again.to_json() == text
-    assert O.optimize(g, topo, steady_state=True, cache=False).to_json() == text
-    assert "up" in plan.explain() and "megatron-tp" in plan.explain()
+    assert optimize(g, topo, steady_state=True, cache=False).to_json() == text
+    report = explain(plan)
+    assert "up" in report and "megatron-tp" in report
 
 
 def test_cache_hits_and_survives_corruption(tmp_path):
     g = _mlp(128, d=256, f=512)
-    p1 = O.optimize(g, "a100x8", cache=tmp_path)
+    p1 = optimize(g, "a100x8", cache=tmp_path)
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
-    p2 = O.optimize(g, "a100x8", cache=tmp_path)
+    p2 = optimize(g, "a100x8", cache=tmp_path)
     assert p2.to_json() == p1.to_json()
     files[0].write_text("{not json")
-    p3 = O.optimize(g, "a100x8", cache=tmp_path)
+    p3 = optimize(g, "a100x8", cache=tmp_path)
     assert p3.to_json() == p1.to_json()
     assert Plan.from_json(files[0].read_text()).to_json() == p1.to_json()
 
@@ -384,19 +397,19 @@ def test_repeated_blocks_are_tied():
         w = b.weight(f"w{i}", (128, 128))
         x = (b.einsum("td,de->te", x, w).relu().relu() + x)
     g = b.build([x])
-    groups = O.repeats(g)
+    groups = repeats(g)
     # the first block reads the graph input, the other three are identical
     assert len(groups) == 4 and all(len(gr) == 3 for gr in groups)
-    model = O.build_model(g, synthetic(4), O.Options("sharded", True))
+    model = build_model(g, synthetic(4), Options("sharded", True))
     assert any(all(k.startswith("input:w") for k in t) for t in model.ties)
 
 
 def test_bad_options_and_choices_raise():
     g = _mlp(64, d=256, f=512)
     with pytest.raises(PlanError):
-        O.Options(weights="replicated")
+        Options(weights="replicated")
     with pytest.raises(PlanError):
-        O.plan_cost(g, "a100x8", {})
+        plan_cost(g, "a100x8", {})
 
 
 def test_memory_limit_reports_min_capacity():
@@ -404,7 +417,7 @@ def test_memory_limit_reports_min_capacity():
     topo = synthetic(2, mem_bytes=1e6)
     g = _mlp(256, d=512, f=2048)
     with pytest.raises(InfeasibleError) as e:
-        O.optimize(g, topo, cache=False)
+        optimize(g, topo, cache=False)
     assert e.value.min_capacity and e.value.min_capacity > 1e6
 
 
@@ -425,7 +438,7 @@ def test_cheapest_layout_is_the_exhaustive_argmin_with_fewer_prices():
                 priced.append(c)
                 return exact[c]
             return low[c]
-        got = O._cheapest(len(cells), cost)
+        got = _cheapest(len(cells), cost)
         assert got == min(range(len(cells)), key=lambda c: (exact[c], c))
         assert len(priced) == len(set(priced)) <= len(cells)
         if all(d == 0 for _, d in cells):  # exact bounds: only the winner is priced

@@ -3,12 +3,13 @@ readers, then multicast. Checked for bytes, time against a ring all-reduce, and 
 import torch
 
 import einsummable as es
-from einsummable.exchange import exchange_time, synthesize
-from einsummable.ir import TensorInfo
-from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, Piece, input_op, place
-from einsummable.runtime.local import run_local
-from einsummable.scalar import arg
+from einsummable.planning.timing import exchange_time
+from einsummable.planning.exchange import synthesize
+from einsummable.frontend.ir import TensorInfo
+from einsummable.backend.lowering import lower
+from einsummable.planning.placement import INPUT_PREFIX, Piece, input_op, place
+from einsummable.backend.runtime.local import run_local
+from einsummable.frontend.scalar import arg
 from einsummable.topology import synthetic
 
 

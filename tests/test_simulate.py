@@ -7,15 +7,16 @@ import sys
 
 import pytest
 
-from einsummable.builder import Builder
-from einsummable.lower import lower
-from einsummable.placement import INPUT_PREFIX, input_op, place
-from einsummable.runtime.simulate import simulate, simulate_programs
+from einsummable.frontend.builder import Builder
+from einsummable.frontend.scalar import arg
+from einsummable.backend.lowering import lower
+from einsummable.planning.placement import INPUT_PREFIX, input_op, place
+from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.topology import load_topology, synthetic
 
 from test_lower_local import random_choice, random_graph, TOPOS
 
-S = sys.modules["einsummable.runtime.simulate"]  # the module (the package re-exports the function)
+import einsummable.backend.runtime.simulator as S
 
 
 def matmul_graph(n=256):
@@ -65,7 +66,7 @@ def test_flows_on_one_resource_share_its_bandwidth():
     # Rank 0 sends x to ranks 1..3 over per-device NICs of a 2-node synthetic: nic0.0 is shared.
     b = Builder()
     x = b.input("x", (512, 512))
-    y = b.map(__import__("einsummable.scalar", fromlist=["arg"]).arg(0) * 2.0, x)
+    y = b.map(arg(0) * 2.0, x)
     g = b.build([y])
     topo = synthetic(2, nodes=2)
     ch = {g.ops[0].name: place(g.ops[0], {}, [1]),
@@ -93,7 +94,7 @@ def test_sends_share_the_senders_egress_port():
     # takes 7 x bytes / port_bw (as a ring's (N-1)/N · B / bw), not bytes / bw.
     b = Builder()
     x = b.input("x", (1024, 1024))
-    y = b.map(__import__("einsummable.scalar", fromlist=["arg"]).arg(0) * 2.0, x)
+    y = b.map(arg(0) * 2.0, x)
     g = b.build([y])
     topo = load_topology("a100x8")
     op = g.ops[0]
@@ -110,8 +111,8 @@ def test_sends_share_the_senders_egress_port():
 
 
 def test_one_launch_per_p2p_batch():
-    from einsummable.runtime.program import Free, Recv, Reduce, Send
-    from einsummable.runtime.program import p2p_batches
+    from einsummable.core.program import Free, Recv, Reduce, Send
+    from einsummable.core.program import p2p_batches
     prog = [Recv(1, 1, 0, (1,), "float32"), Send(0, 1, 1), Send(0, 2, 2), Free(0),
             Recv(2, 1, 3, (1,), "float32"), Send(2, 3, 4),  # relay of %2 opens a new batch
             Reduce(3, "sum", (2,)), Send(3, 1, 5)]            # a kernel ends the batch
@@ -121,7 +122,7 @@ def test_one_launch_per_p2p_batch():
 
 def test_a_tensor_read_by_two_ops_crosses_once():
     # y = x*2 split by rows; both readers need y whole on rank 0: one gather, not two.
-    from einsummable.scalar import arg
+    from einsummable.frontend.scalar import arg
     b = Builder()
     x = b.input("x", (256, 256))
     y = b.map(arg(0) * 2.0, x)
@@ -149,9 +150,9 @@ def _gathered_weight_chain(n=256):
 
 
 def test_received_rows_land_in_place_without_a_copy():
-    from einsummable.runtime.local import run_local
-    from einsummable.runtime.program import Alloc, Assemble, Recv
-    from einsummable.reference import evaluate
+    from einsummable.backend.runtime.local import run_local
+    from einsummable.core.program import Alloc, Assemble, Recv
+    from einsummable.frontend.reference import evaluate
     import torch
     g, ch = _gathered_weight_chain()
     low = lower(g, ch, synthetic(2))
@@ -166,7 +167,7 @@ def test_received_rows_land_in_place_without_a_copy():
 
 
 def test_weight_prefetch_goes_out_in_need_order_behind_urgent_traffic():
-    from einsummable.runtime.program import Send
+    from einsummable.core.program import Send
     g, ch = _gathered_weight_chain(2048)  # 8 MB halves: bandwidth, not launches, decides
     topo = synthetic(2)
     low = lower(g, ch, topo, prefetch=1)

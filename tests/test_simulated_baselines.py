@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from einsummable.fuse import fuse
+from einsummable.frontend.fuse import fuse
 from einsummable.models.llama_ir import llama_block_graph
 from einsummable.models.presets import preset_config
 from einsummable.topology import load_topology

@@ -6,9 +6,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import einsummable as es
-from einsummable.reference import evaluate, evaluate_by_tuples
-from einsummable.scalar import arg, call
-from einsummable.spec import block_bounds, decompositions, n_partials, output_blocks, tuples
+from einsummable.frontend.reference import evaluate
+from helpers import evaluate_by_tuples
+from einsummable.frontend.scalar import arg, call
+from einsummable.core.geometry import block_bounds
+from einsummable.planning.spec import decompositions, n_partials, output_blocks, tuples
 
 WORLD_SIZES = (1, 2, 3, 4, 6, 8)
 

@@ -105,10 +105,10 @@ def _mem_bw(effort: Effort) -> float:
 def _launch_s(effort: Effort) -> float:
     """Seconds per instruction of the runtime itself: a chain of elementwise ops on 4 floats,
     lowered for one rank and run by the same RankState the executors use."""
-    from ..builder import Builder
-    from ..lower import lower
-    from ..placement import INPUT_PREFIX, input_op, place
-    from ..runtime.local import run_local
+    from ..frontend.builder import Builder
+    from ..backend.lowering import lower
+    from ..planning.placement import INPUT_PREFIX, input_op, place
+    from ..backend.runtime.local import run_local
     from ..topology import synthetic
     b = Builder()
     x = b.input("x", (4,))
@@ -147,7 +147,7 @@ def _batch_s(rank: int, world: int, m: int, tag: int, timeout: datetime.timedelt
     """Seconds of one batch in which this rank sends m tiny messages to, and receives m from,
     every peer (all ranks at once, as in a program's exchange)."""
     import torch.distributed as dist
-    from ..runtime.dist import p2p_barrier
+    from ..backend.runtime.dist import p2p_barrier
     peers = [p for p in range(world) if p != rank]
     ops = [dist.P2POp(fn, torch.zeros(1), p, tag=tag + k)
            for p in peers for k in range(m) for fn in (dist.isend, dist.irecv)]
@@ -194,7 +194,7 @@ def _pairs_rounds(world: int) -> list[list[tuple[int, int]]]:
 
 def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> None:
     import torch.distributed as dist
-    from ..runtime.dist import WAIT_TIMEOUT_S, p2p_barrier, threads_per_rank
+    from ..backend.runtime.dist import WAIT_TIMEOUT_S, p2p_barrier, threads_per_rank
     try:
         threads = threads_per_rank(world)
         torch.set_num_threads(threads)
@@ -231,7 +231,7 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
 def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measured:
     import torch.multiprocessing as mp
     from ..errors import RuntimeFault
-    from ..runtime.dist import _free_port
+    from ..backend.runtime.dist import _free_port
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -308,9 +308,9 @@ def topology_yaml(m: Measured, name: str) -> str:
 
 def render(m: Measured, name: str, command: str) -> str:
     import yaml
-    from ..topology import Topology
+    from ..topology import read_topology
     body = topology_yaml(m, name)
-    Topology.from_dict(yaml.safe_load(body), "calibrate")  # the file we write must load
+    read_topology(yaml.safe_load(body), "calibrate")  # the file we write must load
     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     head = (f"# {m.world_size} local CPU ranks talking gloo over loopback (tests, the CPU demo).\n"
             f"# MEASURED on this machine ({os.cpu_count()} cores, torch {torch.__version__}) "

@@ -45,7 +45,7 @@ def load_graph(args: argparse.Namespace):
     if args.model:
         from ..models.presets import preset
         import torch
-        from ..capture import trace
+        from ..frontend.capture import trace
         module, inputs = preset(args.model, args.batch, args.seq, device="meta",
                                 dtype=getattr(torch, args.dtype), width=args.width,
                                 n_layers=args.layers)
@@ -58,7 +58,7 @@ def load_graph(args: argparse.Namespace):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     import torch
-    from ..capture import trace
+    from ..frontend.capture import trace
     with torch.device("meta"):
         module = getattr(mod, cls)()
     dim = args.dim or getattr(module, "dim", None)
@@ -69,7 +69,8 @@ def load_graph(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..optimize import named_plan, optimize
+    from ..optimizer.api import named_plan, optimize
+    from ..optimizer.report import explain
     from ..topology import load_topology
     graph = load_graph(args)
     topo = load_topology(args.topology)
@@ -84,11 +85,11 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         summary = {"objective_s": plan.objective_s, "bound_s": plan.bound_s, "gap": plan.gap,
                    "solve_s": plan.solve_s, "topology": topo.name, "ops": len(graph.ops),
-                   "options": plan.option, "out": args.out,
+                   "options": plan.to_dict()["options"], "out": args.out,
                    "choice": {k: str(c) for k, c in plan.choice}}
         print(json.dumps(summary, sort_keys=True))
     else:
-        print(plan.explain(strategies=False))
+        print(explain(plan, strategies=False))
         if args.out:
             print(f"wrote {args.out}", file=sys.stderr)
     return 0

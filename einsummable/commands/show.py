@@ -10,6 +10,10 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import PlanError
+from ..optimizer.report import explain, plan_costs
+from ..planning.plan import Plan
+
 HELP = "explain a plan JSON (text, or a figure with --png)"
 
 
@@ -25,13 +29,7 @@ def _figure(plan, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from ..optimize import _per_node, _restricted, _options, build_model
-    opt = plan.option
-    options = _options(opt.get("weights", "sharded"), bool(opt.get("steady_state")), None,
-                       opt.get("cost", {}).get("exchange_mode", "optimized"))
-    model = build_model(plan.graph, plan.topology, options,
-                        _restricted(plan.graph, plan.topology, options, plan.chosen))
-    per = _per_node(model, {k: 0 for k in model.nodes})
+    per = plan_costs(plan)
     n = plan.topology.world_size
     keys = [k for k, _ in plan.choice]
     grid = []
@@ -49,8 +47,8 @@ def _figure(plan, path: str) -> None:
     ax.set_xticks(range(n))
     ax.set_xlabel("device")
     for i, k in enumerate(keys):
-        comp, exch, _ = per[k]
-        ax.text(n - 0.4, i, f"{comp * 1e3:.3f} + {exch * 1e3:.3f} ms", fontsize=6, va="center")
+        ax.text(n - 0.4, i, f"{per[k].compute_s * 1e3:.3f} + {per[k].exchange_s * 1e3:.3f} ms",
+                fontsize=6, va="center")
     ax.set_title(f"{plan.topology.name}: {plan.objective_s * 1e3:.3f} ms")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -58,14 +56,12 @@ def _figure(plan, path: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import PlanError
-    from ..plan import Plan
     try:
         text = Path(args.plan).read_text()
     except OSError as e:
         raise PlanError(f"cannot read {args.plan}: {e.strerror}", fix="check the path") from None
     plan = Plan.from_json(text)
-    report = plan.explain(strategies=not args.no_strategies)
+    report = explain(plan, strategies=not args.no_strategies)
     if args.png:
         _figure(plan, args.png)
     if args.json:

@@ -8,9 +8,9 @@ instead of copying K and V (`Builder.attention`).
 """
 from __future__ import annotations
 
-from ..builder import Builder
-from ..ir import Constant, Graph
-from ..scalar import arg, call
+from ..frontend.builder import Builder
+from ..frontend.ir import Constant, Graph
+from ..frontend.scalar import arg, call
 from .llama import LlamaConfig
 
 

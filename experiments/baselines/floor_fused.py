@@ -18,10 +18,10 @@ from .common import RankStep, require_even
 
 def build(block, x: torch.Tensor, rank: int, world: int, **_: object) -> RankStep:
     from einsummable import bind, trace
-    from einsummable.lower import lower
-    from einsummable.optimize import named_plan
-    from einsummable.runtime.dist import execute, rank_blocks
-    from einsummable.runtime.program import Recv, Send
+    from einsummable.backend.lowering import lower
+    from einsummable.optimizer.api import named_plan
+    from einsummable.backend.runtime.dist import execute, rank_blocks
+    from einsummable.core.program import Recv, Send
     from einsummable.topology import synthetic
 
     require_even(x.shape[0], world, "batch", "floor-fused")

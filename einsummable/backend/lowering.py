@@ -1,0 +1,368 @@
+"""Lowering: a plan (graph + one candidate per op and per graph input) -> one Program per rank.
+
+Walk the ops in order. For each input of each op, the producer's pieces and the consumer's
+needs go through `exchange.synthesize`; its transfers become Send/Recv pairs hop by hop (a relay
+receives and forwards), its folds become Reduce, and each need is cut (Slice) or stitched
+(Assemble) from the full buffers its device then holds; a received block that is only copied
+into place is received there directly (Alloc + Recv into a region). Each tuple becomes a Compute
+on every device that runs it. Weights do not depend on activations, so the exchanges of the next
+`prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
+(the simulator sends them in order on a low-priority stream). Graph outputs are delivered whole to rank 0 the same way. Finally every
+buffer is freed after its last read. All ranks are emitted in one global order (see program.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import PlanError
+from ..planning.transfers import Exchange
+from ..core.geometry import contains
+from ..planning.exchange import synthesize
+from ..frontend.ir import Graph, TensorInfo
+from ..planning.placement import (INPUT_PREFIX, Candidate, check_candidate, input_needs,
+                                  input_op, output_layout)
+from ..core.program import (Alloc, Assemble, Compute, Const, Free, Output, Place, Program, Recv,
+                            Reduce, Send, Slice, reads, writes)
+from ..core.geometry import Region, intersect, region_shape
+from ..planning.spec import tuples
+from ..core.geometry import contiguous_slice, relative
+
+
+# Weight-reading ops whose weights are in flight ahead of the op running: enough that a large
+# matmul's weights start crossing while the small ops before it (norms, rotary) run.
+PREFETCH_OPS = 4
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """Everything an executor needs: the graph (op definitions), one program per rank, and the
+    input layout (which ranks hold which blocks of each graph input)."""
+    graph: Graph
+    programs: tuple[Program, ...]
+    mode: str = "optimized"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.programs)
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(p) for p in self.programs)
+
+    def to_json(self) -> str:
+        return json.dumps({"graph": self.graph.to_dict(), "mode": self.mode,
+                           "programs": [p.to_dict() for p in self.programs]},
+                          sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> "Lowered":
+        d = json.loads(text)
+        return Lowered(Graph.from_dict(d["graph"]),
+                       tuple(Program.from_dict(p) for p in d["programs"]), d.get("mode", "optimized"))
+
+
+
+@dataclass
+class _State:
+    graph: Graph
+    world: int
+    instrs: list[list] = field(default_factory=list)
+    next_buf: int = 0
+    next_tag: int = 0
+    queue: int = 0  # prefetch queue number given to the Sends being emitted (0: at once)
+    # tensor -> device -> [(region, slices, buf)]
+    held: dict[str, dict[int, list[tuple[Region, tuple[int, ...], int]]]] = field(default_factory=dict)
+
+    def buf(self) -> int:
+        self.next_buf += 1
+        return self.next_buf - 1
+
+    def emit(self, rank: int, ins) -> None:
+        self.instrs[rank].append(ins)
+
+    def hold(self, tensor: str, dev: int, reg: Region, slices: tuple[int, ...], buf: int) -> None:
+        self.held.setdefault(tensor, {}).setdefault(dev, []).append((reg, slices, buf))
+
+    def find(self, tensor: str, dev: int, reg: Region, slices: tuple[int, ...]) -> int:
+        """A buffer on dev holding exactly `reg` (slicing a held one if needed)."""
+        for r, s, b in self.held.get(tensor, {}).get(dev, ()):
+            if s == slices and r == reg:
+                return b
+        for r, s, b in self.held.get(tensor, {}).get(dev, ()):
+            if s == slices and contains(r, reg):
+                out = self.buf()
+                self.emit(dev, Slice(out, b, relative(reg, r)))
+                return out
+        raise PlanError(f"lowering: device {dev} lacks {reg} of {tensor!r} (slices {slices})",
+                        fix="this is a bug in exchange synthesis; report the plan")
+
+
+def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region) -> int:
+    full = [(r, b) for r, s, b in st.held.get(info.name, {}).get(dev, ()) if s == ()]
+    for r, b in full:
+        if r == reg:
+            return b
+    for r, b in full:
+        if contains(r, reg):
+            out = st.buf()
+            st.emit(dev, Slice(out, b, relative(reg, r)))
+            return out
+    from ..core.geometry import subtract
+    todo, parts = [reg], []
+    for r, b in full:
+        nxt = []
+        for u in todo:
+            cut = intersect(u, r)
+            if cut is None:
+                nxt.append(u)
+                continue
+            parts.append((b, relative(cut, r), relative(cut, reg)))
+            nxt.extend(subtract(u, cut))
+        todo = nxt
+        if not todo:
+            break
+    if todo:
+        raise PlanError(f"lowering: device {dev} cannot assemble {reg} of {info.name!r}",
+                        fix="this is a bug in exchange synthesis; report the plan")
+    out = st.buf()
+    st.emit(dev, Assemble(out, region_shape(reg), info.dtype, tuple(parts)))
+    st.hold(info.name, dev, reg, (), out)
+    return out
+
+
+def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
+    events = sorted([(t.round, 0, i) for i, t in enumerate(ex.transfers)]
+                    + [(r.round, 1, i) for i, r in enumerate(ex.reduces)])
+    for _, kind, i in events:
+        if kind == 0:
+            t = ex.transfers[i]
+            buf = st.find(info.name, t.src, t.region, t.slices)
+            for a, c in zip(t.hops, t.hops[1:]):
+                tag = st.next_tag
+                st.next_tag += 1
+                st.emit(a, Send(buf, c, tag, st.queue))
+                new = st.buf()
+                st.emit(c, Recv(new, a, tag, region_shape(t.region), info.dtype))
+                buf = new
+                if c != t.dst and not t.slices:  # a relay keeps the full block: the
+                    st.hold(info.name, c, t.region, (), buf)  # synthesis may send it on
+            st.hold(info.name, t.dst, t.region, t.slices, buf)
+        else:
+            r = ex.reduces[i]
+            ins = tuple(st.find(info.name, r.device, r.region, s) for s in r.inputs)
+            out = st.buf()
+            st.emit(r.device, Reduce(out, agg or "sum", ins))
+            st.hold(info.name, r.device, r.region, r.out, out)
+
+
+def _covered(st: _State, name: str, dev: int, reg: Region) -> bool:
+    """Whether the whole (not partial) blocks of `name` held on dev cover `reg`."""
+    from ..core.geometry import subtract
+    todo = [reg]
+    for r, s, _ in st.held.get(name, {}).get(dev, ()):
+        if s == ():
+            todo = [p for u in todo for p in ([u] if intersect(u, r) is None
+                                              else subtract(u, intersect(u, r)))]
+        if not todo:
+            return True
+    return not todo
+
+
+def _exchange(st: _State, info: TensorInfo, needs, mode: str, topology) -> None:
+    """Send every need of a tensor that its device does not already hold whole (delivered for
+    an earlier reader, or prefetched): exchanging it again would resend the same bytes."""
+    pieces, agg = st.layouts[info.name]
+    todo = [(q, d) for q, d in needs if not _covered(st, info.name, d, q)]
+    if todo:
+        _apply(st, info, synthesize(info, pieces, todo, agg, topology, mode), agg)
+
+
+def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[tuple[Region, int], int]:
+    """Buffers holding each (region, device) need of a tensor."""
+    g = st.graph
+    out: dict[tuple[Region, int], int] = {}
+    if info.kind == "constant":
+        for q, d in needs:
+            if (q, d) not in out:
+                b = st.buf()
+                st.emit(d, Const(b, info.name, q))
+                out[(q, d)] = b
+        return out
+    _exchange(st, info, needs, mode, topology)
+    for q, d in needs:
+        if (q, d) not in out:
+            out[(q, d)] = _assemble(st, info, d, q)
+    return out
+
+
+def _recv_in_place(instrs: list) -> list:
+    """Receives that an Assemble only copies into place land there directly instead.
+
+    A part qualifies when it is a whole received buffer that nothing else reads and its region
+    of the assembled buffer is contiguous (a transport writes one contiguous range). Its Recv
+    then targets that region of an Alloc placed before the first such Recv; the Assemble keeps
+    the other parts (filling the Alloc'd buffer) or disappears when none are left."""
+    readers: dict[int, int] = {}
+    for ins in instrs:
+        for b in reads(ins):
+            readers[b] = readers.get(b, 0) + 1
+    recv_at = {ins.out: i for i, ins in enumerate(instrs) if isinstance(ins, Recv)}
+    moved: dict[int, tuple[int, Region]] = {}      # recv index -> (assembled buf, region)
+    rewritten: dict[int, Assemble | None] = {}      # assemble index -> what replaces it
+    alloc_at: dict[int, Alloc] = {}                 # index to insert an Alloc before
+    for i, ins in enumerate(instrs):
+        if not isinstance(ins, Assemble):
+            continue
+        direct, rest = [], []
+        for part in ins.parts:
+            src, a, b = part
+            j = recv_at.get(src)
+            ok = (j is not None and readers.get(src) == 1 and instrs[j].dtype == ins.dtype
+                  and a == tuple((0, n) for n in instrs[j].shape) and contiguous_slice(ins.shape, b))
+            (direct if ok else rest).append(part)
+        if not direct:
+            continue
+        for src, _, b in direct:
+            moved[recv_at[src]] = (ins.out, b)
+        alloc_at[min(recv_at[src] for src, _, _ in direct)] = Alloc(ins.out, ins.shape, ins.dtype)
+        rewritten[i] = (Assemble(ins.out, ins.shape, ins.dtype, tuple(rest), alloc=False)
+                        if rest else None)
+    out = []
+    for i, ins in enumerate(instrs):
+        if i in alloc_at:
+            out.append(alloc_at[i])
+        if i in moved:
+            buf, at = moved[i]
+            out.append(Recv(ins.out, ins.peer, ins.tag, ins.shape, ins.dtype, into=buf, at=at))
+        elif i in rewritten:
+            if rewritten[i] is not None:
+                out.append(rewritten[i])
+        else:
+            out.append(ins)
+    return out
+
+
+def _insert_frees(instrs: list, keep: set[int]) -> list:
+    last: dict[int, int] = {}
+    for i, ins in enumerate(instrs):
+        for b in reads(ins):
+            last[b] = i
+        w = writes(ins)
+        if w is not None:
+            last.setdefault(w, i)
+    ends: dict[int, list[int]] = {}
+    for b, i in last.items():
+        if b not in keep:
+            ends.setdefault(i, []).append(b)
+    out = []
+    for i, ins in enumerate(instrs):
+        out.append(ins)
+        for b in sorted(ends.get(i, ())):
+            out.append(Free(b))
+    return out
+
+
+def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
+    if choice is None:
+        choice, topology = plan.choice, plan.topology
+        plan = plan.graph
+    # Plan.choice may be a mapping or a tuple of (key, candidate) pairs.
+    return plan, dict(choice.items() if hasattr(choice, "items") else choice), topology
+
+
+def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
+          mode: str = "optimized", prefetch: int = PREFETCH_OPS,
+          coalesce: bool = True) -> Lowered:
+    """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
+    `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive").
+    `coalesce`: blocks for one peer in one p2p batch travel as one message (`coalesce.py`)."""
+    graph, choice, topology = _unpack(plan, choice, topology)
+    from ..topology import load_topology
+    topology = load_topology(topology)
+    world = topology.world_size
+    st = _State(graph, world, [[] for _ in range(world)])
+    st.layouts = {}
+    for info in graph.inputs:
+        key = INPUT_PREFIX + info.name
+        if key not in choice:
+            raise PlanError(f"the plan has no layout for graph input {info.name!r}",
+                            fix=f"add a candidate under {key!r} over placement.input_op(info)")
+        _check_devices(key, choice[key], world)
+        iop = input_op(info)
+        check_candidate(iop, choice[key])
+        pieces = output_layout(iop, choice[key])
+        for p in pieces:
+            b = st.buf()
+            st.emit(p.device, Place(b, info.name, p.region))
+            st.hold(info.name, p.device, p.region, (), b)
+        st.layouts[info.name] = (pieces, None)
+    for op in graph.ops:
+        if op.name not in choice:
+            raise PlanError("the plan has no candidate for this op", op=op.name,
+                            source=op.source, fix="give every op a candidate in plan.choice")
+        check_candidate(op, choice[op.name])
+        _check_devices(op.name, choice[op.name], world)
+    # Weights do not depend on the activations: their transfers for the next `prefetch` ops
+    # that read weights go out before this op's kernels, so they flow while it computes.
+    weighted = [op for op in graph.ops if any(graph.tensor(n).kind == "weight" for n in op.inputs)]
+    if coalesce and topology.charges_per_message:
+        # A transport that charges per message: every weight goes out at the start, in one
+        # batch, so that coalescing packs each peer's blocks into one message.
+        prefetch = len(weighted)
+    fetched = 0
+
+    def fetch_weights(upto: int) -> None:
+        nonlocal fetched
+        while fetched < min(upto, len(weighted)):
+            w_op = weighted[fetched]
+            fetched += 1
+            st.queue = fetched
+            for i, name in enumerate(w_op.inputs):
+                info = graph.tensor(name)
+                if info.kind == "weight":
+                    _exchange(st, info, input_needs(w_op, choice[w_op.name], i), mode, topology)
+            st.queue = 0
+
+    seen = 0  # ops of `weighted` lowered so far
+    for op in graph.ops:
+        cand = choice[op.name]
+        seen += op in weighted
+        fetch_weights(seen)
+        bufs = []
+        for i, name in enumerate(op.inputs):
+            bufs.append(_deliver(st, graph.tensor(name), input_needs(op, cand, i), mode, topology))
+        fetch_weights(seen + prefetch)
+        pieces = output_layout(op, cand)
+        multi = pieces[0].n_slices > 1
+        k = 0
+        for t, devs in zip(tuples(op, cand.dec), cand.devices):
+            for d in devs:
+                ins = tuple(bufs[i][(t.in_regions[i], d)] for i in range(len(op.inputs)))
+                b = st.buf()
+                st.emit(d, Compute(b, op.name, t.ranges, ins))
+                st.hold(op.output, d, t.out_region, (t.agg_slice,) if multi else (), b)
+                k += 1
+        st.layouts[op.output] = (pieces, op.agg)
+    keep: list[set[int]] = [set() for _ in range(world)]
+    for name in graph.outputs:
+        info = graph.tensor(name)
+        whole = tuple((0, s) for s in info.shape)
+        got = _deliver(st, info, [(whole, 0)], mode, topology)
+        b = got[(whole, 0)]
+        st.emit(0, Output(name, b))
+        keep[0].add(b)
+    programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
+                     for r in range(world))
+    if coalesce:
+        from .coalesce import coalesce as pack_messages
+        programs = pack_messages(programs, topology)
+    return Lowered(graph, programs, mode)
+
+
+def _check_devices(name: str, cand: Candidate, world: int) -> None:
+    bad = [d for d in cand.used_devices if not 0 <= d < world]
+    if bad:
+        raise PlanError(f"candidate uses devices {bad} but the topology has {world}", op=name,
+                        fix="optimize the graph for this topology, or pick a topology whose "
+                            "world size covers the plan")

@@ -1,0 +1,482 @@
+"""torch.distributed executor: point-to-point only (isend/irecv via batch_isend_irecv).
+
+Each rank walks its program. Runs of consecutive Send/Recv instructions (host bookkeeping
+between them, Alloc, Free and Place, keeps a run open) go out as one batch_isend_irecv. A
+receive may land straight in a region of an Alloc'd buffer; prefetch sends (Send.queue) go out
+when reached, like any other (gloo has no stream priorities). A received buffer is waited on
+only when an instruction reads it, so transfers overlap with compute wherever the dependencies allow. Every wait has a timeout.
+
+Two ways to launch:
+- `run(lowered, inputs, backend="gloo", world_size=4)` from Python: a pool of worker processes
+  (kept alive between calls, weights sent once per plan and kept) watched by the parent, which
+  turns a dead or silent rank into a RuntimeFault and stops the others.
+- `torchrun --nproc-per-node 8 -m einsummable.backend.runtime.dist plan.json [--inputs in.pt]
+  [--out out.pt]`: every rank reads the plan (a lowered program bundle or a Plan JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import datetime
+import hashlib
+import os
+import queue
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+from ...errors import PlanError, RuntimeFault
+from .local import RankState
+from ...core.program import Alloc, Free, Place, Recv, Send, Unpack, reads
+from ..lowering import Lowered
+
+# Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
+WAIT_TIMEOUT_S: float = 30.0
+# How often the parent checks that every worker is still alive.
+HEARTBEAT_S: float = 0.2
+# After a rank reports an error, how long the parent looks for a dead rank that caused it.
+DEATH_GRACE_S: float = 1.0
+# Message tags at and above this are the runtime's own (lowering numbers from 0 upwards).
+BARRIER_TAG: int = 1 << 30
+# How long the parent waits for a worker to start and join the process group.
+STARTUP_TIMEOUT_S: float = 120.0
+# Environment of every worker, unless the caller set the variable. With OpenMP's default wait
+# policy a worker's idle threads spin at each barrier against its gloo and queue threads; on a
+# shared 2-core machine a 1-rank program took ~35x the local executor's time, passive ~1x.
+WORKER_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+COLLECTIVES: tuple[str, ...] = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "gather", "gather_object",
+    "barrier", "monitored_barrier", "all_reduce_coalesced", "all_gather_coalesced",
+)
+
+
+def forbid_collectives() -> None:
+    """Make every torch.distributed collective raise (tests prove none is ever called)."""
+    import torch.distributed as dist
+
+    def refuse(name: str) -> Callable:
+        def fn(*a: Any, **k: Any) -> None:
+            raise RuntimeFault(f"collective torch.distributed.{name} was called",
+                               fix="exchange programs use send/recv only")
+        return fn
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            setattr(dist, name, refuse(name))
+
+
+# --------------------------------------------------------------------------- one rank
+
+def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Tensor],
+            device: torch.device | str = "cpu", timeout_s: float = WAIT_TIMEOUT_S,
+            fault_after: int | None = None, consts: dict | None = None) -> dict[str, torch.Tensor]:
+    """Run rank `rank`'s program; `blocks[(tensor, region)]` are its Place inputs; `consts`
+    caches constant blocks across runs of the same plan."""
+    import torch.distributed as dist
+    prog = low.programs[rank]
+    st = RankState(low, prog, {}, device, consts)
+    st.place = lambda tensor, region: blocks[(tensor, tuple(region))].to(device)  # type: ignore
+    wait_for: dict[int, list] = {}     # buf -> works that fill it
+    # buf -> parts of packed receives it waits for: (packed buf, part view, copy target or None)
+    unpacked: dict[int, list] = {}
+    sends: list[tuple[Any, torch.Tensor]] = []
+    batch: list[tuple[Any, Any]] = []  # (P2POp, instr)
+    tmo = datetime.timedelta(seconds=timeout_s)
+
+    def wait(works: list, what: str) -> None:
+        for w in works:
+            try:
+                ok = w.wait(tmo)
+            except Exception as e:  # noqa: BLE001 - a dead peer surfaces as many error types
+                raise RuntimeFault(f"rank {rank}: {what} failed: {str(e).splitlines()[0]}",
+                                   fix="a peer rank died or stalled; see its error") from None
+            if ok is False:
+                raise RuntimeFault(f"rank {rank}: {what} timed out after {timeout_s:.0f} s",
+                                   fix="a peer rank died or stalled; see its error")
+
+    def ready(b: int) -> None:
+        for flat, view, dest in unpacked.pop(b, ()):
+            ready(flat)
+            if dest is not None:
+                dest.copy_(view)
+        works = wait_for.pop(b, None)
+        if works:
+            wait(works, f"receive into buffer %{b}")
+
+    def flush() -> None:
+        if not batch:
+            return
+        ops = [op for op, _ in batch]
+        works = dist.batch_isend_irecv(ops)
+        each = len(works) == len(ops)
+        for k, (op, ins) in enumerate(batch):
+            mine = [works[k]] if each else list(works)
+            if isinstance(ins, Recv):
+                wait_for.setdefault(ins.out if ins.into is None else ins.into, []).extend(mine)
+            else:
+                sends.append((mine, op.tensor))
+        batch.clear()
+
+    for count, ins in enumerate(prog.instrs):
+        if fault_after is not None and count == fault_after:
+            os._exit(17)  # test hook: die mid-run without cleanup, like a crashed rank
+        if isinstance(ins, Send):
+            if ins.src in wait_for or ins.src in unpacked:
+                flush()
+                ready(ins.src)
+            t = st.get(ins.src).contiguous()
+            batch.append((dist.P2POp(dist.isend, t, ins.peer, tag=ins.tag), ins))
+        elif isinstance(ins, Recv):
+            t = st.recv_buffer(ins)
+            batch.append((dist.P2POp(dist.irecv, t, ins.peer, tag=ins.tag), ins))
+        elif isinstance(ins, Unpack):  # views now; waits and copies when a reader needs them
+            for out, into, view, dest in st.unpacked(ins):
+                if into is None:
+                    st.bufs[out] = view
+                unpacked.setdefault(out if into is None else into, []).append(
+                    (ins.src, view, dest))
+        else:
+            if not isinstance(ins, Alloc | Free | Place):  # host bookkeeping keeps the batch open
+                flush()
+            for b in reads(ins):
+                ready(b)
+            st.step(ins)
+    flush()
+    for b in list(unpacked) + list(wait_for):
+        ready(b)
+    for works, _ in sends:
+        wait(works, "send")
+    return st.outputs
+
+
+def p2p_barrier(rank: int, world: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+    """Every rank leaves after every rank has arrived: a star through rank 0 built from
+    send/recv (collectives are forbidden), so timed runs start together."""
+    import torch.distributed as dist
+    if world == 1:
+        return
+    tmo = datetime.timedelta(seconds=timeout_s)
+    token = torch.zeros(1)
+    peers = range(1, world) if rank == 0 else (0,)
+    for phase in (0, 1):  # 0: everyone -> rank 0, 1: rank 0 -> everyone
+        into_root = phase == 0
+        ops = [dist.P2POp(dist.irecv if (rank == 0) == into_root else dist.isend, token, p,
+                          tag=BARRIER_TAG + phase) for p in peers]
+        for w in dist.batch_isend_irecv(ops):
+            if w.wait(tmo) is False:
+                raise RuntimeFault(f"rank {rank}: barrier timed out after {timeout_s:.0f} s",
+                                   fix="a peer rank died or stalled; see its error")
+
+
+def rank_blocks(low: Lowered, rank: int, inputs: Mapping[str, torch.Tensor],
+                only: set[str] | None = None) -> dict[tuple[str, tuple], torch.Tensor]:
+    out = {}
+    for ins in low.programs[rank].instrs:
+        if isinstance(ins, Place) and (only is None or ins.tensor in only):
+            sl = tuple(slice(a, b) for a, b in ins.region)
+            out[(ins.tensor, ins.region)] = inputs[ins.tensor][sl].contiguous().clone()
+    return out
+
+
+# --------------------------------------------------------------------------- worker pool
+
+def threads_per_rank(world: int) -> int:
+    """Torch threads a worker uses: the cores split evenly, at least one (calibrate matches)."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
+            no_collectives: bool) -> None:
+    import torch.distributed as dist
+    torch.set_num_threads(threads_per_rank(world))
+    try:
+        device: Any = "cpu"
+        if backend == "nccl":
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world,
+                                timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
+        if no_collectives:
+            forbid_collectives()
+        results.put((rank, "ready", None))
+    except Exception as e:  # noqa: BLE001
+        results.put((rank, "error", f"rank {rank} could not join the group: {e}"))
+        return
+    plans: dict[str, Lowered] = {}
+    weights: dict[str, dict] = {}
+    consts: dict[str, dict] = {}
+    parent = os.getppid()
+    while True:
+        try:
+            job = jobs.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # orphaned: the parent is gone
+                return
+            continue
+        if job is None:
+            break
+        key, low_json, new_weights, acts, fault_after, timed = job
+        try:
+            if low_json is not None:
+                plans[key] = Lowered.from_json(low_json)
+                weights[key], consts[key] = {}, {}
+            weights[key].update(new_weights)
+            blocks = {**weights[key], **acts}
+            if timed:  # start together, time only the program (not the job's transport)
+                p2p_barrier(rank, world)
+                t0 = time.perf_counter()
+            outs = execute(plans[key], rank, blocks, device, fault_after=fault_after,
+                           consts=consts[key])
+            if backend == "nccl":
+                torch.cuda.synchronize()
+            if timed:
+                results.put((rank, "done", time.perf_counter() - t0))
+                continue
+            results.put((rank, "done", {k: v.cpu() for k, v in outs.items()}))
+        except Exception as e:  # noqa: BLE001
+            msg = (str(e).split("\n  fix:")[0] if isinstance(e, RuntimeFault)
+                   else traceback.format_exc(limit=3))
+            results.put((rank, "error", msg))
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@contextlib.contextmanager
+def _worker_env() -> Iterator[None]:
+    """Spawned workers read their environment at start: set WORKER_ENV for the spawn only."""
+    added = {k: v for k, v in WORKER_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+@dataclass
+class Pool:
+    """`world_size` worker processes joined in one process group, reused across runs."""
+    backend: str
+    world_size: int
+    no_collectives: bool = False
+    _procs: list = field(default_factory=list)
+    _jobs: list = field(default_factory=list)
+    _results: Any = None
+    _sent: dict = field(default_factory=dict)  # plan key -> {weight: (id, version)}
+
+    def start(self) -> "Pool":
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._results = ctx.Queue()
+        with _worker_env():
+            for r in range(self.world_size):
+                q = ctx.Queue()
+                p = ctx.Process(target=_worker, args=(r, self.world_size, self.backend, port, q,
+                                                      self._results, self.no_collectives),
+                                daemon=True)
+                p.start()
+                self._procs.append(p)
+                self._jobs.append(q)
+        got = self._collect("ready", STARTUP_TIMEOUT_S)
+        del got
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def _collect(self, want: str, limit_s: float) -> dict[int, Any]:
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + limit_s
+        while len(out) < self.world_size:
+            try:
+                rank, kind, payload = self._results.get(timeout=HEARTBEAT_S)
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
+                if dead:
+                    self.close()
+                    r, code = dead[0]
+                    raise RuntimeFault(f"rank {r} died (exit code {code}); the other ranks "
+                                       "were stopped", fix="see the rank's error output; "
+                                       "rerun, or check memory and the plan") from None
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeFault(f"ranks {sorted(set(range(self.world_size)) - set(out))}"
+                                       f" sent nothing for {limit_s:.0f} s; all were stopped",
+                                       fix="a rank hangs; check the plan and the backend")
+                continue
+            if kind == "error":
+                # A peer's error is usually the echo of a rank that died: name the dead one.
+                grace = time.monotonic() + DEATH_GRACE_S
+                dead: list = []
+                while not dead and time.monotonic() < grace:
+                    dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
+                    time.sleep(HEARTBEAT_S / 4)
+                self.close()
+                if dead:
+                    r, code = dead[0]
+                    raise RuntimeFault(f"rank {r} died (exit code {code}); rank {rank} saw: "
+                                       f"{payload}", fix="the other ranks were stopped; see the "
+                                       "dead rank's error output and rerun")
+                raise RuntimeFault(f"rank {rank} failed: {payload}",
+                                   fix="the other ranks were stopped; fix the cause and rerun")
+            out[rank] = payload
+        return out
+
+    def run(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
+            fault: tuple[int, int] | None = None, limit_s: float = 600.0) -> dict[str, torch.Tensor]:
+        return self._submit(low, inputs, fault, limit_s, timed=False)[0]
+
+    def time(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
+             limit_s: float = 600.0) -> float:
+        """Seconds of one run of the programs alone: every rank starts after a p2p barrier
+        and the run lasts until the slowest rank ends (job transport excluded)."""
+        return max(self._submit(low, inputs, None, limit_s, timed=True).values())
+
+    def _submit(self, low: Lowered, inputs: Mapping[str, torch.Tensor],
+                fault: tuple[int, int] | None, limit_s: float, timed: bool) -> dict[int, Any]:
+        if low.world_size != self.world_size:
+            raise PlanError(f"the plan is for {low.world_size} ranks but the pool has "
+                            f"{self.world_size}", fix=f"run with world_size={low.world_size}")
+        text = low.to_json()
+        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        weights = {t.name for t in low.graph.weights}
+        first = key not in self._sent
+        seen = self._sent.setdefault(key, {})
+        stale = {w for w in weights if seen.get(w) != (id(inputs[w]), inputs[w]._version)}
+        for w in stale:
+            seen[w] = (id(inputs[w]), inputs[w]._version)
+        acts = {t.name for t in low.graph.inputs if t.kind == "input"}
+        for r in range(self.world_size):
+            fa = fault[1] if fault is not None and fault[0] == r else None
+            self._jobs[r].put((key, text if first else None, rank_blocks(low, r, inputs, stale),
+                               rank_blocks(low, r, inputs, acts), fa, timed))
+        return self._collect("done", limit_s)
+
+    def close(self) -> None:
+        for q in self._jobs:
+            try:
+                q.put_nowait(None)
+            except Exception:  # noqa: BLE001
+                pass
+        deadline = time.monotonic() + 2.0
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        self._procs, self._jobs = [], []
+
+
+class Pools:
+    """Live worker pools by (backend, world size, collectives forbidden), so repeated `run`
+    calls reuse processes and the weights already placed in them."""
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple, Pool] = {}
+        atexit.register(self.close)
+
+    def get(self, backend: str, world_size: int, no_collectives: bool = False) -> Pool:
+        key = (backend, world_size, no_collectives)
+        pool = self._pools.get(key)
+        if pool is None or not pool.alive:
+            pool = Pool(backend, world_size, no_collectives).start()
+            self._pools[key] = pool
+        return pool
+
+    def close(self) -> None:
+        for p in self._pools.values():
+            p.close()
+        self._pools.clear()
+
+
+POOLS = Pools()  # process-wide resource cache (like a connection pool), closed at exit
+
+
+def run_dist(low: Lowered, inputs: Mapping[str, torch.Tensor], *, backend: str = "gloo",
+             world_size: int | None = None, pools: Pools | None = None,
+             no_collectives: bool = False, fault: tuple[int, int] | None = None
+             ) -> dict[str, torch.Tensor]:
+    from ...frontend.reference import check_inputs
+    check_inputs(low.graph, inputs)
+    n = low.world_size if world_size is None else world_size
+    if n != low.world_size:
+        raise PlanError(f"the plan is for {low.world_size} ranks but world_size={n}",
+                        fix=f"run with world_size={low.world_size}, or optimize for a "
+                            f"{n}-device topology")
+    pool = (pools or POOLS).get(backend, n, no_collectives)
+    return pool.run(low, inputs, fault=fault)
+
+
+# --------------------------------------------------------------------------- torchrun
+
+def _load_bundle(text: str) -> Lowered:
+    import json
+    d = json.loads(text)
+    if "programs" in d:
+        return Lowered.from_json(text)
+    from ...planning.plan import Plan
+    from ..lowering import lower
+    return lower(Plan.from_json(text))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch.distributed as dist
+    ap = argparse.ArgumentParser(prog="python -m einsummable.backend.runtime.dist",
+                                 description="Run a lowered plan under torchrun.")
+    ap.add_argument("plan", help="lowered program bundle or Plan JSON")
+    ap.add_argument("--inputs", help="torch.save'd dict of graph inputs (default: seeded randn)")
+    ap.add_argument("--out", help="rank 0 writes the outputs here (torch.save)")
+    ap.add_argument("--backend", default=None, help="gloo or nccl (default: nccl if CUDA)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    with open(args.plan) as f:
+        low = _load_bundle(f.read())
+    if world != low.world_size:
+        print(f"einsummable: the plan is for {low.world_size} ranks but torchrun started "
+              f"{world}; fix: --nproc-per-node/--nnodes must give {low.world_size}",
+              file=sys.stderr)
+        return 2
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device: Any = "cpu"
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
+    if args.inputs:
+        inputs = torch.load(args.inputs)
+    else:
+        gen = torch.Generator().manual_seed(args.seed)
+        inputs = {t.name: torch.randn(t.shape, generator=gen) for t in low.graph.inputs}
+    try:
+        outs = execute(low, rank, rank_blocks(low, rank, inputs), device)
+    except RuntimeFault as e:
+        print(f"einsummable: {e}", file=sys.stderr)
+        return 3
+    if rank == 0 and args.out:
+        torch.save({k: v.cpu() for k, v in outs.items()}, args.out)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

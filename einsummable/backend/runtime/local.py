@@ -1,0 +1,149 @@
+"""Run every rank's program in one process (the fast path for tests).
+
+Ranks take turns: each runs until it reaches a receive whose message has not been sent yet.
+Messages are clones, so no rank ever aliases another rank's memory."""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+
+from ...errors import RuntimeFault
+from ...frontend.reference import TORCH_DTYPES, check_inputs, evaluate_op, materialize
+from ...core.program import (Alloc, Assemble, Compute, Const, Free, Output, Pack, Place, Program,
+                             Recv, Reduce, Send, Slice, Unpack)
+from ..lowering import Lowered
+from ...frontend.scalar import combine
+
+
+def _sl(reg) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in reg)
+
+
+class RankState:
+    """One rank's buffers while its program runs; shared by the local and dist executors."""
+
+    def __init__(self, low: Lowered, prog: Program, inputs: Mapping[str, torch.Tensor],
+                 device: torch.device | str = "cpu", consts: dict | None = None) -> None:
+        self.low, self.prog, self.inputs, self.device = low, prog, inputs, device
+        # Constant blocks depend on the plan only: a caller that runs a plan again passes the
+        # same dict and they are generated once (programs never write into a buffer in place).
+        self.consts: dict = {} if consts is None else consts
+        self.graph = low.graph
+        self.bufs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[str, torch.Tensor] = {}
+        self._ops = {op.name: op for op in self.graph.ops}
+
+    def get(self, b: int) -> torch.Tensor:
+        return self.bufs[b]
+
+    def step(self, ins) -> None:
+        """Run one non-communicating instruction."""
+        g = self.graph
+        if isinstance(ins, Place):
+            self.bufs[ins.out] = self.place(ins.tensor, ins.region)
+        elif isinstance(ins, Const):
+            key = (ins.tensor, ins.region)
+            block = self.consts.get(key)
+            if block is None:
+                info = g.tensor(ins.tensor)
+                block = materialize(g.constant[ins.tensor], info, ins.region, self.device)
+                self.consts[key] = block
+            self.bufs[ins.out] = block
+        elif isinstance(ins, Compute):
+            op = self._ops[ins.op]
+            out = evaluate_op(op, [self.get(i) for i in ins.inputs], dict(zip(op.modes, ins.ranges)))
+            self.bufs[ins.out] = out.to(TORCH_DTYPES[g.tensor(op.output).dtype])
+        elif isinstance(ins, Slice):
+            self.bufs[ins.out] = self.get(ins.src)[_sl(ins.region)]
+        elif isinstance(ins, Alloc):
+            self.bufs[ins.out] = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype],
+                                             device=self.device)
+        elif isinstance(ins, Assemble):
+            out = (torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+                   if ins.alloc else self.get(ins.out))
+            for src, a, b in ins.parts:
+                out[_sl(b)] = self.get(src)[_sl(a)]
+            self.bufs[ins.out] = out
+        elif isinstance(ins, Pack):
+            self.bufs[ins.out] = torch.cat([self.get(b).reshape(-1) for b in ins.srcs])
+        elif isinstance(ins, Unpack):
+            for out, _, view, dest in self.unpacked(ins):
+                if dest is None:
+                    self.bufs[out] = view
+                else:  # read through the buffer it lands in, as after a Recv into it
+                    dest.copy_(view)
+        elif isinstance(ins, Reduce):
+            acc = self.get(ins.inputs[0])
+            for i in ins.inputs[1:]:
+                acc = combine(ins.agg, acc, self.get(i))
+            self.bufs[ins.out] = acc
+        elif isinstance(ins, Free):
+            self.bufs.pop(ins.buf, None)
+        elif isinstance(ins, Output):
+            self.outputs[ins.tensor] = self.get(ins.src)
+        else:
+            raise TypeError(ins)
+
+    def recv_buffer(self, ins: Recv) -> torch.Tensor:
+        """Where a receive lands: a new buffer, or its region of an Alloc'd one."""
+        if ins.into is None:
+            t = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+        else:
+            t = self.get(ins.into)[_sl(ins.at)]
+        self.bufs[ins.out] = t
+        return t
+
+    def unpacked(self, ins: Unpack):
+        """(out, into, view of the packed buffer, destination view or None) per part: the
+        part is the view itself, or is copied into its region of the Alloc'd buffer `into`."""
+        flat = self.get(ins.src)
+        offset = 0
+        for out, shape, into, at in ins.parts:
+            n = math.prod(shape)
+            view = flat[offset:offset + n].view(shape)
+            offset += n
+            yield out, into, view, (None if into is None else self.get(into)[_sl(at)])
+
+    def place(self, tensor: str, region) -> torch.Tensor:
+        dtype = TORCH_DTYPES[self.graph.tensor(tensor).dtype]
+        return self.inputs[tensor][_sl(region)].to(device=self.device, dtype=dtype)
+
+
+def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
+              consts: dict | None = None) -> dict[str, torch.Tensor]:
+    """Outputs of every rank's program run in this process. `consts`: a dict kept by the
+    caller across runs of the same plan, so constant blocks are generated once."""
+    check_inputs(low.graph, inputs)
+    cache = {} if consts is None else consts
+    ranks = [RankState(low, p, inputs, consts=cache.setdefault(p.rank, {}))
+             for p in low.programs]
+    pcs = [0] * len(ranks)
+    mail: dict[int, torch.Tensor] = {}
+    while True:
+        progressed = False
+        for r, st in enumerate(ranks):
+            instrs = st.prog.instrs
+            while pcs[r] < len(instrs):
+                ins = instrs[pcs[r]]
+                if isinstance(ins, Send):
+                    mail[ins.tag] = st.get(ins.src).clone()
+                elif isinstance(ins, Recv):
+                    if ins.tag not in mail:
+                        break
+                    if ins.into is None:
+                        st.bufs[ins.out] = mail.pop(ins.tag)
+                    else:
+                        st.recv_buffer(ins).copy_(mail.pop(ins.tag))
+                else:
+                    st.step(ins)
+                pcs[r] += 1
+                progressed = True
+        if all(pc == len(st.prog.instrs) for pc, st in zip(pcs, ranks)):
+            break
+        if not progressed:
+            stuck = [r for r, st in enumerate(ranks) if pcs[r] < len(st.prog.instrs)]
+            raise RuntimeFault(f"ranks {stuck} wait for messages nobody sends",
+                               fix="the programs are inconsistent; lower the plan again")
+    return {name: ranks[0].outputs[name] for name in low.graph.outputs}

@@ -1,0 +1,244 @@
+"""Capture an unmodified nn.Module into the join-agg IR.
+
+    g = trace(module, (x,))                   # torch.export, then ATen -> join-agg
+    inputs = bind(g, module, (x,))            # user inputs + parameters + buffers by name
+    reference.evaluate(g, inputs)             # == module(x)
+
+Parameters and buffers become inputs of kind "weight" named by their module path
+("layers.0.attention.wq.weight"); user tensors become inputs named like the forward's
+arguments. Values that depend on no input are folded into constants (a causal mask stays the
+compact `causal_mask` constant at any size). Views are read in place by the op that consumes
+them and chains of elementwise ops fuse into one join, so the op count is about that of a
+hand-built graph; attention and RMSNorm chains then fuse into single kernels (`fuse=False`
+keeps them spelled out). Modules on the meta device capture without allocating weights.
+
+The export keeps high-level ops (linear, matmul, softmax, layer_norm, sdpa); an op with no
+mapping is decomposed to core ATen when PyTorch has a decomposition for it, and only an op
+that neither maps nor decomposes raises `UnsupportedOpError`, with the op, the user's source
+line and the list of supported ops. Nothing is returned half-captured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import re
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from ...errors import EinsummableError, UnsupportedOpError
+from ..ir import Graph
+from .aten import IGNORED, TABLE, Ctx, supported_ops
+from .emit import Emitter
+from .values import TENSORISH, Folded, Lazy, SliceVal
+from . import fold, shapes  # noqa: F401  (shapes registers its handlers)
+
+__all__ = ["trace", "bind", "supported_ops"]
+
+_MAX_DECOMPOSITION_ROUNDS = 8
+
+
+def trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+          *, fuse: bool = True) -> Graph:
+    """Capture `module(*args, **kwargs)` as a Graph (see the module docstring). With `fuse`
+    (the default) spelled-out attention and RMSNorm chains become fused kernels
+    (`einsummable.frontend.fuse`); `fuse=False` keeps the plain join-agg ops."""
+    graph = _trace(module, args, kwargs)
+    if not fuse:
+        return graph
+    from ..fuse import fuse as fuse_graph
+    return fuse_graph(graph)
+
+
+def _trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+           ) -> Graph:
+    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
+    try:
+        ep = torch.export.export(module, args, dict(kwargs or {}), strict=False)
+    except EinsummableError:
+        raise
+    except Exception as e:  # noqa: BLE001 - export failures become library errors
+        raise UnsupportedOpError(f"torch.export could not capture the module: "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                 op=type(module).__name__,
+                                 fix="make forward exportable: no data-dependent control flow, "
+                                     "no Python side effects on tensors") from e
+    table: dict[Any, Any] = {}
+    first: UnsupportedOpError | None = None
+    # The training IR is already functional unless it mutates something; decompositions run
+    # (and functionalise) only when needed, since they dominate the cost of a trace.
+    program = ep if _functional(ep) else ep.run_decompositions(table)
+    for _ in range(_MAX_DECOMPOSITION_ROUNDS):
+        try:
+            return _capture(program)
+        except UnsupportedOpError as e:
+            first = first or e
+            target = getattr(e, "aten_op", None)
+            if program is ep:  # composite ops decompose in the standard pass
+                program = ep.run_decompositions(table)
+                continue
+            decomp = _decomposition(target)
+            if decomp is None or target in table:
+                raise first from (e if e is not first else None)
+            table[target] = decomp
+            program = ep.run_decompositions(table)
+    raise UnsupportedOpError("decomposition did not converge", op=type(module).__name__)
+
+
+def _functional(ep: torch.export.ExportedProgram) -> bool:
+    sig = ep.graph_signature
+    if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
+        return False
+    return not any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+                   for n in ep.graph.nodes if n.op == "call_function")
+
+
+def _decomposition(target: Any) -> Any:
+    if target is None or not isinstance(target, torch._ops.OpOverload):
+        return None
+    from torch._decomp import core_aten_decompositions, decomposition_table
+    core = core_aten_decompositions()
+    if target in core:
+        return core[target]
+    return decomposition_table.get(target)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n([^\n]*)')
+
+
+def _source(node: torch.fx.Node) -> tuple[str | None, str]:
+    """("file:line", code) of the innermost user frame of a node's stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = _FRAME.findall(trace)
+    if not frames:
+        return None, ""
+    path, line, code = frames[-1]
+    return f"{path}:{line}", code.strip()
+
+
+def _unsupported(node: torch.fx.Node, src: str | None, code: str, why: str) -> UnsupportedOpError:
+    text = f"cannot capture ATen op {node.target}: {why}"
+    if code:
+        text += f"\n    {code}"
+    err = UnsupportedOpError(text, op=node.name, source=src,
+                             fix="rewrite this line with supported ops: "
+                                 + ", ".join(supported_ops()))
+    err.aten_op = node.target
+    return err
+
+
+def _has_tensor(x: Any) -> bool:
+    return any(isinstance(v, TENSORISH) and not isinstance(v, Folded)
+               for v in pytree.tree_leaves(x))
+
+
+def _capture(ep: torch.export.ExportedProgram) -> Graph:
+    sig = ep.graph_signature
+    weights = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    lifted = sig.inputs_to_lifted_tensor_constants
+    em = Emitter({}, [], {})
+    env: dict[torch.fx.Node, Any] = {}
+    outputs: list[str] = []
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if node.name in lifted:
+                env[node] = fold.real(ep.constants[lifted[node.name]])
+            elif not isinstance(val, torch.Tensor):
+                env[node] = val
+            elif node.name in weights and val.dtype == torch.bool:
+                env[node] = _bool_state(ep, weights[node.name], val)
+            else:
+                kind = "weight" if node.name in weights else "input"
+                name = weights.get(node.name, node.name)
+                env[node] = em.add_tensor(name, tuple(val.shape), fold.ir_dtype(val.dtype), kind)
+            continue
+        if node.op == "output":
+            src, _ = _source(node)
+            em.source = src
+            for value in pytree.tree_leaves(node.args[0]):
+                v = env[value] if isinstance(value, torch.fx.Node) else value
+                outputs.append(em.stored(v).base)
+            continue
+        if node.op != "call_function":
+            raise UnsupportedOpError(f"FX node kind {node.op!r} ({node.target})", op=node.name)
+        if node.target in IGNORED:
+            continue
+        src, code = _source(node)
+        em.source, em.stem = src, node.name
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        if node.target is not operator.getitem and (
+                not _has_tensor((args, kwargs)) or node.target in fold.LIKE
+                or node.target in fold.NEW):
+            folded = fold.fold(node.target, args, kwargs, node.meta.get("val"))
+            if folded is not None:
+                env[node] = folded
+                continue
+        handler = TABLE.get(node.target)
+        if handler is None:
+            raise _unsupported(node, src, code, "no join-agg mapping")
+        try:
+            value = handler(Ctx(em, node), node, list(args), dict(kwargs))
+        except EinsummableError as e:
+            if not getattr(e, "source", None):
+                raise _unsupported(node, src, code, str(e)) from e
+            raise
+        except Exception as e:  # noqa: BLE001 - a mapping bug must still name the line
+            raise _unsupported(node, src, code, f"{type(e).__name__}: {e}") from e
+        if isinstance(value, (Lazy, SliceVal)) and value.name is None:
+            value = dataclasses.replace(value, name=node.name, source=src)
+        users = [u for u in node.users if u.target not in IGNORED]
+        if isinstance(value, Lazy) and len(users) > 1:
+            value = em.view(value)
+        env[node] = value
+    return _finish(em, outputs)
+
+
+def _bool_state(ep: torch.export.ExportedProgram, name: str, val: torch.Tensor) -> Folded:
+    """A boolean buffer (a mask) is folded: graph tensors are numbers. On the meta device it
+    has no values, so it stays opaque and fails where it is used."""
+    t = ep.state_dict.get(name, ep.constants.get(name))
+    if t is None or t.is_meta:
+        return Folded("opaque", tuple(val.shape), val.dtype)
+    return fold.real(t)
+
+
+def _finish(em: Emitter, outputs: list[str]) -> Graph:
+    used = {n for op in em.ops for n in op.inputs} | set(outputs)
+    tensors = tuple(t for t in em.tensors.values()
+                    if t.kind in ("input", "intermediate") or t.name in used)
+    consts = tuple((n, c) for n, c in em.constants.items() if n in used)
+    return Graph(tensors, tuple(em.ops), tuple(outputs), consts)
+
+
+def bind(graph: Graph, module: torch.nn.Module, args: Sequence[Any],
+         kwargs: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The inputs `reference.evaluate(graph, ...)` needs: user tensors, parameters, buffers."""
+    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
+    kwargs = dict(kwargs or {})
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(dict(module.named_buffers(remove_duplicate=False)))
+    by_name: dict[str, torch.Tensor] = {}
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        by_name = {k: v for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
+    except (TypeError, ValueError):
+        pass
+    flat = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    user = [t for t in graph.inputs if t.kind == "input"]
+    out: dict[str, torch.Tensor] = {}
+    for i, t in enumerate(user):
+        if t.name in by_name:
+            out[t.name] = by_name[t.name]
+        elif i < len(flat):
+            out[t.name] = flat[i]
+    for t in graph.weights:
+        if t.name not in state:
+            raise EinsummableError(f"weight {t.name!r} is not a parameter or buffer of the module",
+                                   fix="bind with the module that was traced")
+        out[t.name] = state[t.name].detach()
+    return out

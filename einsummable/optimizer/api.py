@@ -1,0 +1,128 @@
+"""The optimizer's entry points: `optimize`, `named_plan`, `plan_cost`, `candidates`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Mapping
+
+from ..frontend.ir import Graph
+from ..planning.candidates import graph_candidates
+from ..planning.cost import CostModel
+from ..planning.placement import Candidate
+from ..planning.plan import Named, Options, Origin, Plan, Solved
+from ..topology import load_topology
+from .cache import cache_dir, cache_key, load_cached, store
+from .model import Model, build_model, fixed_nodes
+from .named import STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
+from .pricing import EdgePricer
+from .objective import objective_s
+from .search import solve_model
+
+
+# A proved gap below this is float rounding in the sums (the objective re-added in another
+# order), not a missing proof: an optimal plan reports its objective as the bound, so the
+# same inputs give the same bytes whichever rounds (timed decisions) proved it.
+ROUNDING_GAP = 1e-12
+
+
+def _options(weights: str, steady_state: bool, cost_model: CostModel | None,
+             exchange_mode: str, overlap: bool = True) -> Options:
+    cm = cost_model or CostModel()
+    if exchange_mode != cm.exchange_mode:
+        cm = CostModel(cm.flop_efficiency, cm.mem_efficiency, exchange_mode)
+    return Options(weights, steady_state, cm, overlap)
+
+
+def _plan(model: Model, assignment: Mapping[str, int], objective: float, bound, gap,
+          solve_s: float, origin: Origin) -> Plan:
+    choice = tuple((k, model.nodes[k].cands[assignment[k]]) for k in model.nodes)
+    return Plan(model.graph, model.topology, choice, objective, bound, gap, solve_s,
+                model.options, origin)
+
+
+def candidates(graph: Graph, topology, weights: str = "sharded") -> dict[str, list[Candidate]]:
+    """Node key (op name, or "input:<name>" for a graph input's layout) -> its candidates."""
+    topology = load_topology(topology)
+    return {k: list(oc.cands) for k, oc in
+            graph_candidates(graph, topology, weights=weights).items()}
+
+
+def plan_cost(graph: Graph, topology, choice: Mapping[str, Candidate | int], *,
+              weights: str = "sharded", steady_state: bool = False,
+              cost_model: CostModel | None = None, exchange_mode: str = "optimized",
+              overlap: bool = True) -> float:
+    """The objective (seconds) of one candidate per node, exactly as the MIP scores it."""
+    topology = load_topology(topology)
+    options = _options(weights, steady_state, cost_model, exchange_mode, overlap)
+    model = build_model(graph, topology, options, fixed_nodes(graph, topology, options, choice))
+    return objective_s(model, {k: 0 for k in model.nodes})
+
+
+def named_plan(graph: Graph, topology, name: str, *, weights: str = "sharded",
+               steady_state: bool = False, cost_model: CostModel | None = None,
+               exchange_mode: str = "optimized", model: Model | None = None,
+               overlap: bool = True) -> Plan:
+    """The named strategy as a Plan in the same IR, priced on the same cost model."""
+    check_strategy(name)
+    topology = load_topology(topology)
+    options = _options(STRATEGY_WEIGHTS.get(name, weights), steady_state, cost_model,
+                       exchange_mode, overlap)
+    if model is None or model.options != options:
+        model = build_model(graph, topology, options)
+    assignment, inexact = named_assignment(model, name)
+    obj = objective_s(model, assignment)
+    return _plan(model, assignment, obj, None, None, 0.0, Named(name, tuple(inexact)))
+
+
+def optimize(graph: Graph, topology, time_limit_s: float | None = None,
+             weights: str = "sharded", steady_state: bool = False, *, solver: str = "highs",
+             cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
+             exchange_mode: str = "optimized", warm_start: bool = True,
+             pricer: EdgePricer | None = None, overlap: bool = True) -> Plan:
+    """The MIP-optimal Plan for `graph` on `topology` (`model.py` states the MIP).
+
+    time_limit_s: wall seconds for the whole search, model build and pricing included; when
+    it runs out the best plan found is returned with its bound and gap (status "time_limit").
+    cache: True (default directory, or $EINSUMMABLE_CACHE_DIR), a directory, or False.
+    pricer: an EdgePricer for this topology and cost model to reuse (its memo is shared with
+    later builds, e.g. of named plans on the same graph); None makes a fresh one.
+    overlap: weight exchanges stream behind compute (`objective.py`); False: plain sum.
+    """
+    t0 = time.perf_counter()
+    topology = load_topology(topology)
+    options = _options(weights, steady_state, cost_model, exchange_mode, overlap)
+    path = None
+    if cache:
+        d = cache_dir(None if cache is True else cache)
+        path = d / f"{cache_key(graph, topology, options, time_limit_s, solver)}.json"
+        hit = load_cached(path, graph, topology)
+        if hit is not None:
+            return hit
+    model = build_model(graph, topology, options, pricer=pricer)
+    warm = None
+    best_named = None
+    named: list[dict[str, int]] = []
+    if warm_start:
+        for name in STRATEGIES:
+            if STRATEGY_WEIGHTS.get(name, options.weights) != options.weights:
+                continue
+            a, _ = named_assignment(model, name)
+            named.append(a)
+            obj = objective_s(model, a)
+            if best_named is None or obj < best_named[0]:
+                best_named = (obj, a, name)
+        warm = best_named[1] if best_named else None
+    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
+    sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
+                      incumbents=named)
+    solve_s = time.perf_counter() - t0
+    origin = Solved(solver, sol.status, time_limit_s, best_named[2] if best_named else None)
+    bound, gap = sol.bound, sol.gap
+    if sol.status == "optimal" and gap <= ROUNDING_GAP:
+        bound, gap = sol.objective, 0.0
+    plan = _plan(model, sol.assignment, sol.objective, bound, gap, solve_s, origin)
+    if path is not None:
+        store(path, plan)
+    return plan
+

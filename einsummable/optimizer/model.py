@@ -1,0 +1,232 @@
+r"""The optimisation model of one (graph, topology, options): nodes, candidates, costs, memory.
+
+Nodes are the graph inputs ("input:<name>", whose candidate is the layout the tensor arrives
+in) and the ops. With x[v,c] = 1 when node v takes candidate c, the MIP that `formulations`
+solves is
+
+    minimise    sum_v sum_c  a[v,c] x[v,c]  +  sum_{e=(u,v)} sum_{r,s} w[e,r,s] y[e,r,s]
+    subject to  onehot_v:   sum_c x[v,c] = 1
+                ysrc_e_r:   sum_s y[e,r,s] = sum_{c : L_u(c) = r} x[u,c]
+                ydst_e_s:   sum_r y[e,r,s] = sum_{c : N_ev(c) = s} x[v,c]
+                mem_{d,t}:  sum_v sum_c m[v,c,d,t] x[v,c] <= capacity(d)
+                tie_g:      x[v,c] = x[v',c] for v, v' in one repeated-block group g
+
+    a[v,c]    compute seconds of c (`cost.compute_cost`), plus, for a graph output that is
+              not fed back (no steady state), the exchange that folds its partial sums;
+    L_u(c)    the output layout of u's candidate c (rows of the edge matrix: a projection);
+    N_ev(c)   the blocks v's candidate c reads of the edge's tensor (columns);
+    w[e,r,s]  exchange seconds from layout r to needs s (`exchange.synthesize` + time),
+              priced lazily: the MIP first sees a lower bound (`bound.py`) for each cell
+              and only the cells its solutions use are synthesised (`search.solve_lazily`); where
+              that would take many rounds, the LP relaxation picks the cells first
+              (`lp_phase.lp_pricing`, `formulations/relax.py`) and bounds every other one;
+    m         resident bytes (`memory.py`).
+
+The objective is not always that plain sum: with `Options.overlap` (the default) it is
+A + max(C, W) (`objective.py`).
+
+Steady state adds, for every block input x paired with a block output y of the same shape, an
+edge from y's producer to "input:x" whose needs are x's layout: the block must hand its output
+on in the layout its input came in, or pay the exchange that restores it.
+
+Weights "sharded": a weight's candidates never replicate (each byte on one device); its
+consumers may still gather it (FSDP-like) and pay for that exchange. "free": any layout, at no
+cost (weights placed ahead of time).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..errors import PlanError
+from ..frontend.ir import Graph
+from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
+from ..planning.cost import ComputeCost, EdgeCost, finished_needs
+from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
+from ..planning.plan import Options, Plan
+from .memory import memory_rows
+from .memo import BuildMemo
+from .pricing import EdgeMatrix, EdgePricer
+from .ties import tie_groups
+
+# Where a build spends its time, at INFO (`experiments/optimizer_bench.py --phases`).
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EdgeTerm:
+    """One pairwise term: tensor moving from node src to node dst."""
+
+    src: str
+    dst: str
+    tensor: str
+    rows: tuple[int, ...]          # src candidate -> layout index
+    cols: tuple[int, ...]          # dst candidate -> needs index
+    matrix: EdgeMatrix             # priced lazily (`solve_lazily`)
+    kind: str = "data"             # "data" or "steady" (output fed back to the block input)
+
+    def cost(self, a: int, b: int) -> EdgeCost:
+        """The exact cost (priced now if it was not yet)."""
+        return self.matrix.exact(self.rows[a], self.cols[b])
+
+    def cell(self, choice: Mapping[str, int]) -> tuple[int, int]:
+        return self.rows[choice[self.src]], self.cols[choice[self.dst]]
+
+
+@dataclass
+class Model:
+    graph: Graph
+    topology: object
+    options: Options
+    nodes: dict[str, OpCandidates]
+    compute: dict[str, tuple[ComputeCost, ...]]
+    finish: dict[str, tuple[EdgeCost, ...]]
+    edges: list[EdgeTerm]
+    ties: tuple[tuple[str, ...], ...]
+    memory: dict[str, tuple[tuple[float, ...], ...]] | None  # node -> resource -> per cand
+    capacities: tuple[float, ...] | None
+    roles: Roles
+    pricer: EdgePricer
+
+    def unary(self, key: str, c: int) -> float:
+        f = self.finish.get(key)
+        return self.compute[key][c].total_s + (f[c].seconds if f else 0.0)
+
+    def index(self, key: str, cand: Candidate) -> int:
+        for i, c in enumerate(self.nodes[key].cands):
+            if c.parts == cand.parts and c.devices == cand.devices:
+                return i
+        raise PlanError(f"candidate {cand} is not among the {len(self.nodes[key].cands)} "
+                        "candidates of this node", op=key,
+                        fix="pick one from es.candidates(graph, topology)")
+
+
+def steady_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """(block input, block output) pairs: activation inputs and outputs of equal shape/dtype."""
+    outs = list(graph.outputs)
+    pairs = []
+    for t in graph.inputs:
+        if t.kind != "input":
+            continue
+        for y in outs:
+            info = graph.tensor(y)
+            if info.shape == t.shape and info.dtype == t.dtype and graph.producer(y):
+                pairs.append((t.name, y))
+                outs.remove(y)
+                break
+    return tuple(pairs)
+
+
+def producer_key(graph: Graph, tensor: str) -> str:
+    p = graph.producer(tensor)
+    return p.name if p is not None else INPUT_PREFIX + tensor
+
+
+def build_model(graph: Graph, topology, options: Options = Options(),
+                nodes: dict[str, OpCandidates] | None = None,
+                pricer: EdgePricer | None = None) -> Model:
+    t_build = time.perf_counter()
+    r = roles(graph)
+    nodes = nodes if nodes is not None else graph_candidates(graph, topology,
+                                                             weights=options.weights, r=r)
+    pricer = pricer or EdgePricer(topology, options.cost)
+    sh = BuildMemo(graph, topology, options, pricer)
+    compute = {k: sh.compute(oc) for k, oc in nodes.items()}
+    layouts = {k: sh.layouts(oc) for k, oc in nodes.items()}
+
+    # (src, dst, tensor, rows, layouts, cols, needs, agg, kind)
+    specs = []
+    for op in graph.ops:
+        for name in dict.fromkeys(op.inputs):
+            if graph.tensor(name).kind == "constant":
+                continue
+            src = producer_key(graph, name)
+            rows, lay = sh.projected_layouts(nodes[src])
+            cols, needs = sh.projected_needs(nodes[op.name], name)
+            specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, "data"))
+    pairs = steady_pairs(graph) if options.steady_state else ()
+    if options.steady_state and not pairs:
+        raise PlanError("steady_state needs a block output shaped like an activation input",
+                        fix="pass steady_state=False for graphs that are not stackable blocks")
+    for x, y in pairs:
+        src, dst = producer_key(graph, y), INPUT_PREFIX + x
+        rows, lay = sh.projected_layouts(nodes[src])
+        cols, needs = sh.projected_finished(nodes[dst])
+        specs.append((src, dst, y, rows, lay, cols, needs, nodes[src].op.agg, "steady"))
+    fed_back = {y for _, y in pairs}
+    finish_specs = []
+    for y in dict.fromkeys(graph.outputs):
+        if y in fed_back:
+            continue
+        src = producer_key(graph, y)
+        finish_specs.append((src, y))
+
+    # Edge cells are priced lazily (`solve_lazily`); the folds of unfed outputs, one per
+    # layout, are priced now.
+    keys = []
+    for src, y in finish_specs:
+        info = graph.tensor(y)
+        keys += [pricer.key(info, l, finished_needs(l), nodes[src].op.agg) for l in layouts[src]]
+    pricer.prefetch(keys)
+
+    edges = []
+    for src, dst, name, rows, lay, cols, needs, agg, kind in specs:
+        info = graph.tensor(name)
+        edges.append(EdgeTerm(src, dst, name, rows, cols, sh.matrix(info, lay, needs, agg), kind))
+    finish = {}
+    for src, y in finish_specs:
+        info = graph.tensor(y)
+        finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
+                            for l in layouts[src])
+    memory, caps = memory_rows(graph, topology, nodes, layouts, sh)
+    model = Model(graph, topology, options, nodes, compute, finish, edges,
+                  tie_groups(graph, nodes), memory, caps, r, pricer)
+    if log.isEnabledFor(logging.INFO):
+        seen = {id(e.matrix): e.matrix.shape for e in edges}
+        log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",
+                 len(nodes), len(edges), sum(r * c for r, c in seen.values()),
+                 time.perf_counter() - t_build)
+    return model
+
+
+def price_all(model: Model) -> None:
+    """Price every cell of every edge (in worker processes when there are many)."""
+    shorts = []
+    for e in model.edges:
+        R, S = e.matrix.shape
+        shorts += [e.matrix.short(r, s) for r in range(R) for s in range(S)]
+    model.pricer.prefetch_short(shorts)
+
+
+def fixed_nodes(graph: Graph, topology, options: Options,
+                choice: Mapping[str, Candidate | int]) -> dict[str, OpCandidates]:
+    """Every node with one candidate: the one `choice` gives it (an index into its candidates,
+    or a Candidate, which need not be among them but must be legal)."""
+    nodes = graph_candidates(graph, topology, weights=options.weights)
+    out = {}
+    for k, oc in nodes.items():
+        if k not in choice:
+            raise PlanError(f"the choice has no candidate for {k!r}", op=k,
+                            fix="give one candidate per op and per graph input ('input:<name>')")
+        c = choice[k]
+        if isinstance(c, int):
+            i = c
+        else:
+            i = next((j for j, x in enumerate(oc.cands)
+                      if x.parts == c.parts and x.devices == c.devices), None)
+            if i is None:
+                check_candidate(oc.op, c)
+                out[k] = OpCandidates(k, oc.op, (c,), ((),))
+                continue
+        out[k] = OpCandidates(k, oc.op, (oc.cands[i],), (oc.level_parts[i],))
+    return out
+
+
+
+def plan_model(plan: Plan) -> Model:
+    """The model of one plan, on the options it was solved under: each node fixed to its
+    chosen candidate (index 0)."""
+    return build_model(plan.graph, plan.topology, plan.options,
+                       fixed_nodes(plan.graph, plan.topology, plan.options, plan.chosen))

@@ -1,0 +1,160 @@
+r"""Weight transfers hidden under compute: the objective, and how the MIP minimises it.
+
+Weights do not depend on the activations, so lowering sends them ahead of the ops that read
+them (numbered prefetch queues on a low-priority stream) while the devices compute. A plan's
+time is modelled as
+
+    T(x) = A(x) + max(C(x), W(x))
+
+    A   activation exchanges: every edge whose source is not a weight, the steady-state edge
+        and the fold of unfed graph outputs; they sit on the critical path
+    C   compute: the candidates' kernel seconds
+    W   weight exchanges: the edges out of "input:<weight>" nodes, which stream behind the
+        compute (they cannot finish before their bytes have crossed, nor slow compute down);
+        the copies that stitch a gathered weight together are device work and count in C.
+        Where the transport charges per message, lowering sends every weight in one batch,
+        whose route latencies and message costs are paid once, not once per weight: there
+        each weight edge counts its batched seconds (`EdgeCost.batched_s`)
+
+T is not a sum of pairwise terms, but it is one MIP away: formulations.Problem takes
+"overlapping parts", an objective plain + max(part 0, part 1), and models the max as an
+epigraph variable z ≥ part 0, z ≥ part 1. A is the plain cost, C part 0, W part 1; the MIP
+then minimises T itself, exactly, in one solve (an earlier Lagrangian search over
+A + (1 - β) C + β W needed several solves and could leave a duality gap). Extra incumbents (the
+named strategies) are scored with T too, so the result is never worse than any of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import formulations as fm
+
+from ..planning.cost import EdgeCost
+from .model import EdgeTerm, Model, price_all
+from .pricing import EdgeMatrix
+
+
+@dataclass(frozen=True)
+class Split:
+    """T's three parts for one choice, in seconds."""
+    activations_s: float
+    compute_s: float
+    weights_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.activations_s + max(self.compute_s, self.weights_s)
+
+
+def is_weight_edge(model: Model, e: EdgeTerm) -> bool:
+    return e.src.startswith("input:") and model.graph.tensor(e.tensor).kind == "weight"
+
+
+def split(model: Model, choice: Mapping[str, int]) -> Split:
+    """A, C and W of a choice (node -> candidate index), summed in a fixed order."""
+    a = c = w = 0.0
+    for k in model.nodes:
+        c += model.compute[k][choice[k]].total_s
+        f = model.finish.get(k)
+        if f:
+            a += f[choice[k]].seconds
+    for e in model.edges:
+        x = e.cost(choice[e.src], choice[e.dst])
+        if is_weight_edge(model, e):
+            w += x.in_batch_s - x.local_s
+            c += x.local_s
+        else:
+            a += x.seconds
+    return Split(a, c, w)
+
+
+def objective_s(model: Model, choice: Mapping[str, int]) -> float:
+    """A plan's objective: with overlap, A + max(C, W) (`split`); else the plain sum, in the
+    same order as formulations.objective on `to_problem(model)`."""
+    if model.options.overlap:
+        return split(model, choice).total_s
+    total = 0.0
+    for k in model.nodes:
+        total += model.unary(k, choice[k])
+    for e in model.edges:
+        total += e.cost(choice[e.src], choice[e.dst]).seconds
+    return total
+
+
+def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple[float, float] | None]:
+    """A cell's plain cost and (C, W) parts in `overlap_problem`, for edge cost x: a weight
+    edge streams its wire seconds behind compute (W) and stitches on the device (C)."""
+    if is_weight_edge(model, e):
+        return 0.0, (x.local_s, x.in_batch_s - x.local_s)
+    return x.seconds, None
+
+
+def overlap_problem(model: Model, warm_start: Mapping[str, int] | None,
+                    unpriced_penalty: float = 0.0):
+    """The pairwise problem of T: A as plain costs, C and W as the two overlapping parts
+    (formulations.Problem: objective = plain + max(part 0, part 1)). Unpriced edge cells carry
+    their estimates, which are at most the exact seconds and local seconds, so every part,
+    and T (non-decreasing in each), is at most its exact value; `unpriced_penalty` seconds
+    join their plain cost (`search.solve_lazily`'s last solve under a time limit)."""
+    nodes = []
+    for k, oc in model.nodes.items():
+        mem = model.memory[k] if model.memory is not None else None
+        f = model.finish.get(k)
+        n = len(oc.cands)
+        nodes.append(fm.Node(k, tuple(f[c].seconds if f else 0.0 for c in range(n)), mem,
+                             (tuple(model.compute[k][c].total_s for c in range(n)),
+                              (0.0,) * n)))
+    edges = []
+    for e in model.edges:
+        terms = [[_overlap_cell_terms(model, e, x) for x in row] for row in e.matrix.estimates()]
+        pen = unpriced_penalties(e.matrix, unpriced_penalty)
+        plain = tuple(tuple(t[0] + p for t, p in zip(row, prow))
+                      for row, prow in zip(terms, pen))
+        if is_weight_edge(model, e):
+            parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms) for k in range(2))
+            edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols, parts))
+        else:
+            edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols))
+    return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
+                      warm_start=dict(warm_start) if warm_start else None)
+
+
+def to_problem(model: Model, warm_start: Mapping[str, int] | None = None, *,
+               exact: bool = True, unpriced_penalty: float = 0.0):
+    """The generic pairwise-choice problem of `formulations` (module docstring). `exact`
+    prices every edge cell first; else unpriced cells carry their lower bound (the form
+    `solve_lazily` solves) plus `unpriced_penalty` seconds (`solve_lazily`'s last solve under
+    a time limit, which keeps to priced cells)."""
+    if exact:
+        price_all(model)
+    nodes = []
+    for k, oc in model.nodes.items():
+        mem = model.memory[k] if model.memory is not None else None
+        nodes.append(fm.Node(k, tuple(model.unary(k, c) for c in range(len(oc.cands))), mem))
+    edges = []
+    for e in model.edges:
+        pen = unpriced_penalties(e.matrix, unpriced_penalty)
+        edges.append(fm.Edge(e.src, e.dst, tuple(
+            tuple(x.seconds + p for x, p in zip(row, prow))
+            for row, prow in zip(e.matrix.estimates(), pen)), e.rows, e.cols))
+    return fm.Problem(tuple(nodes), tuple(edges), model.capacities, tie=model.ties,
+                      warm_start=dict(warm_start) if warm_start else None)
+
+
+def unpriced_penalties(matrix: EdgeMatrix, penalty: float) -> tuple[tuple[float, ...], ...]:
+    """Per cell: `penalty` where the cell is not priced yet, else 0."""
+    R, S = matrix.shape
+    if not penalty:
+        return ((0.0,) * S,) * R
+    return tuple(tuple(0.0 if matrix.priced(r, s) else penalty for s in range(S))
+                 for r in range(R))
+
+
+def cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | None]:
+    """A cell's coefficients in the problem `solve_model` solves, for edge cost x: its plain
+    seconds, and with overlap its (compute, weights) parts (`_overlap_cell_terms`)."""
+    if model.options.overlap:
+        return _overlap_cell_terms(model, e, x)
+    return x.seconds, None
+

@@ -1,0 +1,94 @@
+"""A plan explained: per node its split per level, compute and exchange seconds, bytes moved
+in, and the same node under each named strategy. Every figure is priced on the plan's own
+options (`model.plan_model`), so a report never prices a plan on another model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..planning.plan import Plan, Solved
+from .api import named_plan
+from .model import Model, plan_model
+from .named import STRATEGIES, STRATEGY_WEIGHTS
+from .objective import split
+
+MS = 1e3  # seconds -> milliseconds in the report
+MB = 1e-6  # bytes -> megabytes
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node of a plan: its unary seconds (compute, and the fold of an unfed output), the
+    seconds of the exchanges into it, and the bytes they move."""
+    compute_s: float
+    exchange_s: float
+    nbytes: int
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.exchange_s
+
+
+def node_costs(model: Model, choice: Mapping[str, int]) -> dict[str, NodeCost]:
+    """Per node of `model`, its costs under `choice` (node -> candidate index)."""
+    out = {k: [model.unary(k, choice[k]), 0.0, 0] for k in model.nodes}
+    for e in model.edges:
+        c = e.cost(choice[e.src], choice[e.dst])
+        out[e.dst][1] += c.seconds
+        out[e.dst][2] += c.nbytes
+    return {k: NodeCost(v[0], v[1], v[2]) for k, v in out.items()}
+
+
+def plan_costs(plan: Plan) -> dict[str, NodeCost]:
+    """Per node of `plan`, its costs on the plan's own options."""
+    model = plan_model(plan)
+    return node_costs(model, {k: 0 for k in model.nodes})
+
+
+def explain(plan: Plan, strategies: bool = True) -> str:
+    """Text report: the objective and its parts, then per node the split per level, compute
+    and exchange milliseconds, megabytes moved in, and (with `strategies`) the node's
+    milliseconds under each named strategy on the same options."""
+    options = plan.options
+    graph, topology = plan.graph, plan.topology
+    model = plan_model(plan)
+    mine = {k: 0 for k in model.nodes}
+    per_node = node_costs(model, mine)
+    others: dict[str, dict[str, float]] = {}
+    totals: dict[str, float] = {}
+    if strategies:
+        for name in STRATEGIES:
+            sp = named_plan(graph, topology, name, weights=options.weights,
+                            steady_state=options.steady_state, cost_model=options.cost,
+                            overlap=options.overlap)
+            others[name] = {k: v.total_s for k, v in plan_costs(sp).items()}
+            totals[name] = sp.objective_s
+    stopped = isinstance(plan.origin, Solved) and plan.origin.status == "time_limit"
+    lines = [f"plan for {len(graph.ops)} ops on {topology.name} ({topology.world_size} devices), "
+             f"weights={options.weights}, steady_state={options.steady_state}",
+             f"objective {plan.objective_s * MS:.4f} ms"
+             + (f", bound {plan.bound_s * MS:.4f} ms, gap {plan.gap:.2e}"
+                if plan.bound_s is not None and plan.gap is not None else "")
+             + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")
+             + (" (stopped at the time limit: the best plan found)" if stopped else "")]
+    if options.overlap:
+        parts = split(model, mine)
+        lines.append(f"activation exchanges {parts.activations_s * MS:.4f} ms + max(compute "
+                     f"{parts.compute_s * MS:.4f} ms, weight exchanges "
+                     f"{parts.weights_s * MS:.4f} ms streamed behind it)")
+    if totals:
+        lines.append("named strategies: " + ", ".join(
+            f"{n} {t * MS:.4f} ms" + (" (weights replicated)" if n in STRATEGY_WEIGHTS else "")
+            for n, t in totals.items()))
+    head = f"{'op':<28} {'split per level':<34} {'compute ms':>10} {'exch ms':>9} {'MB in':>9}"
+    if others:
+        head += "  " + " ".join(f"{n[:12]:>12}" for n in others)
+    lines.append(head)
+    for k, cost in per_node.items():
+        label = str(plan.chosen[k])
+        row = f"{k[:28]:<28} {label[:34]:<34} {cost.compute_s * MS:>10.4f} " \
+              f"{cost.exchange_s * MS:>9.4f} {cost.nbytes * MB:>9.2f}"
+        if others:
+            row += "  " + " ".join(f"{others[n].get(k, 0.0) * MS:>12.4f}" for n in others)
+        lines.append(row)
+    return "\n".join(lines)

@@ -1,0 +1,400 @@
+"""Exchange synthesis: the exact point-to-point transfers that turn a producer's layout into the
+blocks a consumer reads.
+
+Math first. A tensor T is held as *pieces* p = (R_p, d_p, s_p): box R_p ⊂ T on device d_p, and
+when the producer split an aggregated mode, slice s_p of S partial results, so that
+T[R] = AGG_s T_s[R]. A consumer *need* is (Q, d): box Q on device d. Boxes are products of
+half-open intervals, so for boxes A, B:
+
+    A ∩ B = Π_k [max(a_k, b_k), min(a'_k, b'_k))          (empty if any factor is)
+    A \\ B = at most 2·rank disjoint boxes (peel B off A one dimension at a time)
+
+*Copy* (S = 1). Deliver Q to d by covering it: keep the uncovered boxes U = {Q}; walk sources
+in order of cost to d; for each source box P emit one send of U_i ∩ P per uncovered box it
+meets and replace U_i by U_i \\ P. A need already inside a local piece costs nothing. In the
+optimized mode a delivered region becomes a source itself (ready after its round), so a block
+read by several devices behind a slow link crosses it once and is relayed on the fast side; the
+tie-break "earlier ready first" stops relays from forming long chains where links are equal.
+
+*Rails* (optimized mode, machines whose groups of the top level are joined by one link per
+device, each its own NIC: `routes.Routes.rails`). A block that crosses the top level straight would
+leave by its sender's NIC and enter by its reader's, one NIC each at a fraction of the group's
+bandwidth. Instead a large block is cut into one chunk per rail, chunk m relayed
+sender -> A_m -> B_m -> reader (A_m, B_m the m-th devices of the two groups) in one round,
+and a smaller one takes the sender's own rail hop by hop (sender -> B -> reader, a transfer
+per hop, so that the sends of one rail share rounds); the stops in the reader's group keep
+what passed them as sources, so the group's other readers gather from the rails' ends. That
+program is built beside the plain one and the faster under `exchange_time` is kept: spreading
+wins when few devices send across, and costs rounds when every device already does.
+
+*Partial* (S > 1). For every output block B and every distinct needed box X = Q ∩ B with k
+readers, X is cut along its longest dim into k chunks and chunk i is reduced at reader i
+(reduce-scatter; with one reader, that reader). For each chunk X and its reducer r, one
+holder per slice is chosen (r itself, else the nearest), and the holders are folded level by level of the
+topology's hierarchy, slow to fast: holders in other groups of the coarsest level first fold
+inside their group to the member nearest r, and only that one value crosses the slow level
+(partial sums inside a node first). At the finest level the values travel straight to r and r
+folds them in one reduce. The folded X at r is then a full source for the copy step above, so
+other readers of X receive it instead of re-reducing.
+
+*Routes and rounds.* A transfer follows topology.route (which relays around missing or slow
+links, e.g. the DGX-1 cube mesh); its hops list every device on the way. Transfers are placed
+greedily, in dependency order, into the earliest round after their source is ready in which no
+link resource on their route is taken by a different route, so no link is oversubscribed;
+several pieces on the same route in one round share it as one message batch.
+
+*Naive mode* (the baseline): the first holder ("owner") of each needed region sends it straight
+to every reader over the direct link where one exists, and every reader folds all partial
+slices itself; no relays, no trees. On machines whose unlinked GPU pairs have a slow host-staged
+fallback (DGX-1: QPI/PCIe) that is what point-to-point NCCL does, and it is the default.
+
+*naive-routed*: the same owner-to-every-reader sends and reader-side folds, but each message
+takes the topology's fastest route (relayed over NVLink where that beats the fallback), as a
+framework that picks routes per pair would. It isolates what the synthesis itself adds (nearest
+sources, delivered blocks reused as sources so a block crosses a slow link once, partial-sum
+trees, link-safe rounds) from route choice.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..errors import PlanError
+from ..frontend.ir import DTYPE_BYTES, TensorInfo
+from .placement import Piece
+from ..core.geometry import Region, contains, contiguous_slice, intersect, subtract, volume
+from .routes import RANK_REFERENCE_BYTES, routes_for
+from .timing import exchange_time
+from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
+
+
+# --------------------------------------------------------------------------- synthesis
+
+
+class _Synthesis:
+    """Accumulates transfers and reduces and places each into its round as it is emitted."""
+
+    def __init__(self, info: TensorInfo, topology, mode: str, spread: bool = False) -> None:
+        self.info = info
+        self.topo = topology
+        self.mode = mode
+        self.naive = mode in NAIVE_MODES
+        self.elem = DTYPE_BYTES[info.dtype]
+        self.transfers: list[Transfer] = []
+        self.reduces: list[Reduce] = []
+        self.copies: dict[int, list[int]] = {}  # device -> [bytes, kernels]
+        self.sent: dict[int, int] = {}  # device -> bytes it sent as a transfer's source
+        self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.routes = routes_for(topology, mode)
+        self.spread = spread and not self.naive
+
+    def dist(self, a: int, b: int) -> float:
+        """Seconds for a reference message from a to b: the order in which sources are tried."""
+        return self.routes.dist_to(b, self.info.name)[a]
+
+    def route(self, a: int, b: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        return self.routes.route(a, b, self.info.name)
+
+    def send(self, src: int, dst: int, reg: Region, ready: int,
+             slices: tuple[int, ...] = (), hops: tuple[int, ...] | None = None) -> int:
+        """Emit a transfer whose source is ready after round `ready` (along `hops`, else the
+        topology's route); returns its round."""
+        if hops is None:
+            hops, res = self.route(src, dst)
+        else:
+            res = tuple(self.routes.link(x, y, self.info.name).resource
+                        for x, y in zip(hops, hops[1:]))
+        rnd = ready + 1
+        while any(self._busy.get((r, rnd), hops) != hops for r in res):
+            rnd += 1
+        for r in res:
+            self._busy[(r, rnd)] = hops
+        nbytes = volume(reg) * self.elem
+        self.sent[src] = self.sent.get(src, 0) + nbytes
+        self.transfers.append(Transfer(src, dst, self.info.name, reg, nbytes,
+                                       "partial" if slices else "copy", rnd, hops, slices))
+        return rnd
+
+    def reduce(self, dev: int, reg: Region, inputs: Sequence[tuple[tuple[int, ...], int]],
+               out: tuple[int, ...]) -> int:
+        rnd = max(r for _, r in inputs)
+        self.reduces.append(Reduce(dev, self.info.name, reg, len(inputs), rnd,
+                                   tuple(s for s, _ in inputs), out, volume(reg) * self.elem))
+        return rnd
+
+    def stitch(self, q: Region, d: int, parts: list[tuple[Region, bool]]) -> None:
+        """Count the copy that assembles need q on d from parts (region, received?)."""
+        if len(parts) == 1 and parts[0][0] == q:
+            return  # the one part is the need itself
+        shape = tuple(b - a for a, b in q)
+        copied = sum(volume(cut) for cut, received in parts
+                     if not received or not contiguous_slice(
+                         shape, tuple((a - o, b - o) for (a, b), (o, _) in zip(cut, q))))
+        if copied:
+            acc = self.copies.setdefault(d, [0, 0])
+            acc[0] += copied * self.elem
+            acc[1] += 1
+
+    def copy_to(self, src: int, dst: int, reg: Region,
+                ready: int) -> list[tuple[Region, int, int]]:
+        """Send full block `reg` from src to dst; returns every (part, device, round) that
+        holds a part after, dst's parts last. With `spread`, a block crossing the top level
+        goes over the rails (`routes.Routes.rails`) so that the blocks a group receives arrive over
+        all its NICs, not over each reader's own:
+
+        - a large block is cut along its first dim into one chunk per rail (chunks of at
+          least RANK_REFERENCE_BYTES, each a contiguous range of the block), each chunk one
+          transfer relayed along its rail in one round;
+        - a smaller one goes over the sender's own rail hop by hop, one transfer per hop,
+          so that the sends of one rail share their rounds.
+
+        The stops in dst's group keep what passed them as sources (lowering holds relayed
+        blocks), so other readers there gather from the rails' ends."""
+        rails = self.routes.rails(src, dst) if self.spread else ()
+        if not rails:
+            return [(reg, dst, self.send(src, dst, reg, ready))]
+        dim = next((i for i, (lo, hi) in enumerate(reg) if hi - lo > 1), None)
+        worth = int(volume(reg) * self.elem // RANK_REFERENCE_BYTES)
+        k = 1 if dim is None else max(1, min(len(rails), reg[dim][1] - reg[dim][0], worth))
+        relayed, arrived = [], []
+        if k == 1:
+            at, rnd = src, ready
+            for nxt in rails[0][1:]:
+                rnd = self.send(at, nxt, reg, rnd)
+                at = nxt
+                (arrived if at == dst else relayed).append((reg, at, rnd))
+            return relayed + arrived
+        group = self.topo.group_of(0, dst)
+        for part, hops in zip(_cuts(reg, dim, k), rails):
+            rnd = self.send(src, dst, part, ready, hops=hops)
+            relayed.extend((part, h, rnd) for h in hops[1:-1]
+                           if self.topo.group_of(0, h) == group)
+            arrived.append((part, dst, rnd))
+        return relayed + arrived
+
+    def build(self) -> Exchange:
+        return Exchange(tuple(self.transfers), tuple(self.reduces),
+                        tuple((d, b, k) for d, (b, k) in sorted(self.copies.items())))
+
+
+def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
+               agg: str | None, topology, mode: str = "optimized") -> Exchange:
+    """Transfers (and partial-sum folds) that deliver every needed (region, device) of `info`
+    from the `produced` pieces. See the module docstring for the algorithm."""
+    if mode not in MODES:
+        raise PlanError(f"unknown exchange mode {mode!r} for tensor {info.name!r}",
+                        fix=f"use one of {', '.join(MODES)}")
+    n_slices = produced[0].n_slices if produced else 1
+    if n_slices > 1 and agg is None:
+        raise PlanError(f"tensor {info.name!r} is produced as {n_slices} partial results but "
+                        "has no aggregation to fold them", fix="give the producer's aggregation")
+    plain = _synthesize(info, produced, needs, n_slices, topology, mode, spread=False)
+    if mode != "optimized" or not _crosses_rails(plain, topology):
+        return plain
+    # Spreading a block over every rail wins when few devices send across, and loses rounds
+    # when many do (their chunks queue behind each other's); keep the faster program.
+    spread = _synthesize(info, produced, needs, n_slices, topology, mode, spread=True)
+    return spread if exchange_time(spread, topology) < exchange_time(plain, topology) else plain
+
+
+def _crosses_rails(ex: Exchange, topology) -> bool:
+    routes = routes_for(topology, "optimized")
+    return any(t.kind == "copy" and routes.rails(t.src, t.dst) for t in ex.transfers)
+
+
+def _synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
+                n_slices: int, topology, mode: str, spread: bool) -> Exchange:
+    if n_slices == 1:
+        # Fast path: every need already inside a local piece (identical layouts included).
+        local: dict[int, list[Region]] = {}
+        for p in produced:
+            local.setdefault(p.device, []).append(p.region)
+        remote = [(q, d) for q, d in needs
+                  if not any(contains(r, q) for r in local.get(d, ()))]
+        if not remote:
+            return EMPTY
+        b = _Synthesis(info, topology, mode, spread)
+        _copy(b, [(p.region, p.device, -1) for p in produced], remote)
+        return b.build()
+    b = _Synthesis(info, topology, mode, spread)
+    full = _reduce_partials(b, produced, needs, n_slices)
+    remote = [(q, d) for q, d in needs
+              if not any(dev == d and contains(r, q) for r, dev, _ in full)]
+    _copy(b, full, remote)
+    return b.build()
+
+
+def _meets(a: Region, b: Region) -> bool:
+    for (a0, a1), (b0, b1) in zip(a, b):
+        if a0 >= b1 or b0 >= a1:
+            return False
+    return True
+
+
+def _by_region(pool: list[tuple[Region, int, int]]) -> dict[Region, list[int]]:
+    out: dict[Region, list[int]] = {}
+    for i, src in enumerate(pool):
+        out.setdefault(src[0], []).append(i)
+    return out
+
+
+def _copy(b: _Synthesis, sources: list[tuple[Region, int, int]],
+          needs: Iterable[tuple[Region, int]]) -> None:
+    """Cover each need from full sources (region, device, ready round), nearest first.
+
+    Only sources that meet the need can cover any part of it, so the others are dropped
+    before ordering (the order of the survivors, and hence every transfer, is unchanged).
+    Sources are indexed by region: relayed copies of one block share one overlap test."""
+    naive = b.naive
+    owned = list(sources)
+    index = _by_region(owned)
+    for q, d in dict.fromkeys(needs):
+        pool = owned if naive else sources
+        hit = [i for reg, ids in index.items() if _meets(reg, q) for i in ids]
+        if naive:  # the reader's own blocks, then owners in layout order
+            hit.sort(key=lambda i: (pool[i][1] != d, i))
+        else:
+            row = b.routes.dist_to(d, b.info.name)
+            # ties: the lower device; when spreading, the device that has sent least so far
+            # (the chunks a rail delivered are gathered from all the rails' ends)
+            tie = b.sent if b.spread else None
+            hit.sort(key=lambda i: (row[pool[i][1]], pool[i][2],
+                                    pool[i][1] if tie is None else tie.get(pool[i][1], 0), i))
+        todo = [q]
+        got: list[tuple[Region, int, int]] = []  # (part, device holding it, round)
+        parts: list[tuple[Region, bool]] = []
+        for i in hit:
+            reg, dev, ready = pool[i]
+            nxt: list[Region] = []
+            for u in todo:
+                cut = intersect(u, reg)
+                if cut is None:
+                    nxt.append(u)
+                    continue
+                if dev != d:
+                    arrived = b.copy_to(dev, d, cut, ready)
+                    got.extend(arrived)
+                    parts.extend((part, True) for part, at, _ in arrived if at == d)
+                else:
+                    parts.append((cut, False))
+                if cut != u:
+                    nxt.extend(subtract(u, cut))
+            todo = nxt
+            if not todo:
+                break
+        if todo:
+            raise PlanError(f"tensor {b.info.name!r}: region {todo[0]} needed on device {d} is "
+                            "held by no device", fix="the producer layout must cover the tensor")
+        b.stitch(q, d, parts)
+        if not naive:
+            for cut, at, rnd in got:
+                index.setdefault(cut, []).append(len(sources))
+                sources.append((cut, at, rnd))
+
+
+def _reduce_partials(b: _Synthesis, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
+                     n_slices: int) -> list[tuple[Region, int, int]]:
+    """Fold the partial slices of every needed part of every block; returns the full sources."""
+    blocks: dict[Region, dict[int, list[int]]] = {}  # block -> slice -> holders
+    for p in produced:
+        blocks.setdefault(p.region, {}).setdefault(p.slice, []).append(p.device)
+    full: list[tuple[Region, int, int]] = []
+    for block, holders in blocks.items():
+        if len(holders) != n_slices:
+            raise PlanError(f"tensor {b.info.name!r}: block {block} has {len(holders)} of "
+                            f"{n_slices} partial results", fix="every slice needs a holder")
+        readers: dict[Region, list[int]] = {}
+        for q, d in needs:
+            x = intersect(q, block)
+            if x is not None:
+                readers.setdefault(x, [])
+                if d not in readers[x]:
+                    readers[x].append(d)
+        for x, devs in readers.items():
+            if b.naive:
+                for d in devs:
+                    full.append((x, d, _fold_direct(b, x, d, holders)))
+                continue
+            for chunk, r in _scatter(x, devs, holders, b.elem):
+                full.append((chunk, r, _fold_tree(b, chunk, r, holders)))
+    return full
+
+
+def _cuts(x: Region, dim: int, k: int) -> list[Region]:
+    """x cut along `dim` into k near-equal consecutive parts."""
+    lo, hi = x[dim]
+    base, extra = divmod(hi - lo, k)
+    out, start = [], lo
+    for i in range(k):
+        stop = start + base + (1 if i < extra else 0)
+        out.append(x[:dim] + ((start, stop),) + x[dim + 1:])
+        start = stop
+    return out
+
+
+def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
+             itemsize: int) -> list[tuple[Region, int]]:
+    """Reduce-scatter: with k readers of x, cut x along its longest dim into k chunks and fold
+    chunk i at reader i, so the fold's inbound bytes and the later multicast spread over k
+    devices' ports instead of one (the all-reduce pattern then costs what a ring costs).
+    Chunks stay at least RANK_REFERENCE_BYTES, below which latency, not bandwidth, dominates."""
+    by_slices = sorted(readers, key=lambda d: (-sum(d in h for h in holders.values()), d))
+    dim = max(range(len(x)), key=lambda i: (x[i][1] - x[i][0], -i))
+    lo, hi = x[dim]
+    worth = int(volume(x) * itemsize // RANK_REFERENCE_BYTES)
+    k = min(len(by_slices), hi - lo, max(worth, 1))
+    if k <= 1:
+        return [(x, by_slices[0])]
+    return list(zip(_cuts(x, dim, k), sorted(by_slices[:k])))
+
+
+def _fold_direct(b: _Synthesis, x: Region, d: int, holders: dict[int, list[int]]) -> int:
+    inputs = []
+    for s in sorted(holders):
+        h = d if d in holders[s] else holders[s][0]
+        inputs.append(((s,), -1 if h == d else b.send(h, d, x, -1, (s,))))
+    return b.reduce(d, x, inputs, ())
+
+
+def _fold_tree(b: _Synthesis, x: Region, r: int, holders: dict[int, list[int]]) -> int:
+    chosen: dict[int, list[int]] = {}
+    for s in sorted(holders):
+        h = min(holders[s], key=lambda dev: (b.dist(dev, r), dev))
+        chosen.setdefault(h, []).append(s)
+    # A device with several slices folds them locally first.
+    items: list[tuple[int, tuple[int, ...], int]] = []
+    for dev, ss in chosen.items():
+        ready = -1
+        if len(ss) > 1 and dev != r:
+            ready = b.reduce(dev, x, [((s,), -1) for s in ss], tuple(ss))
+            items.append((dev, tuple(ss), ready))
+        else:
+            items.extend((dev, (s,), -1) for s in ss)
+    inputs = _gather(b, x, r, items, 0)
+    return b.reduce(r, x, inputs, ())
+
+
+def _gather(b: _Synthesis, x: Region, target: int, items: list[tuple[int, tuple[int, ...], int]],
+            level: int) -> list[tuple[tuple[int, ...], int]]:
+    """Values (slices, ready round) that arrive at `target`, folding inside groups of
+    topology level `level` (and finer) before crossing it."""
+    levels = b.topo.levels
+    if level >= len(levels) or len(items) <= 1 and (not items or items[0][0] == target):
+        out = []
+        for dev, ss, ready in items:
+            out.append((ss, ready if dev == target else b.send(dev, target, x, ready, ss)))
+        return out
+    groups: dict[int, list] = {}
+    for it in items:
+        groups.setdefault(b.topo.group_of(level, it[0]), []).append(it)
+    mine = b.topo.group_of(level, target)
+    out = _gather(b, x, target, groups.pop(mine, []), level + 1)
+    for g in sorted(groups):
+        members = groups[g]
+        leader = min((it[0] for it in members), key=lambda dev: (b.dist(dev, target), dev))
+        vals = _gather(b, x, leader, members, level + 1)
+        ss = tuple(sorted(s for v, _ in vals for s in v))
+        ready = vals[0][1] if len(vals) == 1 else b.reduce(leader, x, vals, ss)
+        out.append((ss, b.send(leader, target, x, ready, ss)))
+    return out
+
+

@@ -1,0 +1,180 @@
+"""Plan: one candidate per node (graph inputs' layouts and ops), the options it was solved
+under, how it was found, and the solver's figures.
+
+Every consumer of a plan (the report, `einsummable show`, the harness, lowering) rebuilds the
+model from `Plan.options`, so a plan is always priced on the model it was solved on.
+
+The JSON form is self-contained (graph and topology included), so a worker can run a plan from
+the file alone. It is canonical: sorted keys, no whitespace, and no wall-clock figure unless
+asked for (`to_json(timing=True)`), so the same graph, topology and options give the same bytes.
+Its "options" object holds the options' fields and the origin's side by side.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import PlanError
+from ..frontend.ir import Graph
+from ..topology import Topology, read_topology
+from .cost import CostModel
+from .placement import INPUT_PREFIX, Candidate
+
+FORMAT = "einsummable.plan/1"
+WEIGHT_MODES = ("sharded", "free")
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise PlanError(f"plan option {key!r} must be true or false, got {v!r}",
+                        fix="regenerate the plan")
+    return v
+
+
+@dataclass(frozen=True)
+class Options:
+    """What defines the model a plan is solved on.
+
+    weights: "sharded" (every weight byte on one device; consumers may gather it and pay for
+    that exchange) or "free" (any layout at no cost: weights placed ahead of time).
+    steady_state: the block hands its output on in the layout its input came in (stacked
+    blocks), or pays the exchange that restores it.
+    cost: the cost model's knobs (`cost.CostModel`).
+    overlap: weight exchanges stream behind compute (objective A + max(C, W), see
+    `optimizer/objective.py`); False prices every exchange on the critical path.
+    """
+    weights: str = "sharded"
+    steady_state: bool = False
+    cost: CostModel = field(default_factory=CostModel)
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_MODES:
+            raise PlanError(f"unknown weights option {self.weights!r}",
+                            fix=f"use one of: {', '.join(WEIGHT_MODES)}")
+
+    def to_dict(self) -> dict:
+        return {"weights": self.weights, "steady_state": self.steady_state,
+                "cost": self.cost.to_dict(), "overlap": self.overlap}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Options":
+        return Options(str(d.get("weights", "sharded")), _flag(d, "steady_state", False),
+                       CostModel.from_dict(d.get("cost", {})), _flag(d, "overlap", True))
+
+
+@dataclass(frozen=True)
+class Solved:
+    """An optimized plan: the solver, how its solve ended ("optimal" or "time_limit"), the
+    time limit it ran under, and the named strategy that warm-started it."""
+    solver: str
+    status: str
+    time_limit_s: float | None = None
+    warm_start: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"solver": self.solver, "status": self.status,
+                "time_limit_s": self.time_limit_s, "warm_start": self.warm_start}
+
+
+@dataclass(frozen=True)
+class Named:
+    """A named strategy's plan, and the ops where no candidate matched its rule exactly."""
+    strategy: str
+    inexact_ops: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"strategy": self.strategy, "inexact_ops": list(self.inexact_ops)}
+
+
+Origin = Solved | Named
+_ORIGIN_KEYS = ("solver", "status", "time_limit_s", "warm_start", "strategy", "inexact_ops")
+
+
+def _origin(d: Mapping[str, Any]) -> Origin:
+    if "strategy" in d:
+        return Named(str(d["strategy"]), tuple(d.get("inexact_ops") or ()))
+    return Solved(str(d.get("solver", "highs")), str(d.get("status", "optimal")),
+                  d.get("time_limit_s"), d.get("warm_start"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    graph: Graph
+    topology: Topology
+    choice: tuple[tuple[str, Candidate], ...]
+    objective_s: float
+    bound_s: float | None
+    gap: float | None
+    solve_s: float
+    options: Options
+    origin: Origin
+
+    @property
+    def chosen(self) -> dict[str, Candidate]:
+        return dict(self.choice)
+
+    def candidate(self, key: str) -> Candidate:
+        try:
+            return self.chosen[key]
+        except KeyError:
+            raise PlanError(f"the plan has no choice for {key!r}", op=key,
+                            fix="ops use their name, graph inputs 'input:<name>'") from None
+
+    def layout_of_input(self, name: str) -> Candidate:
+        return self.candidate(INPUT_PREFIX + name)
+
+    # ----------------------------------------------------------------- JSON
+
+    def to_dict(self, timing: bool = False) -> dict[str, Any]:
+        d = {"format": FORMAT, "graph": self.graph.to_dict(),
+             "topology": self.topology.to_dict(),
+             "choice": [[k, c.to_json()] for k, c in self.choice],
+             "objective_s": _num(self.objective_s), "bound_s": _num(self.bound_s),
+             "gap": _num(self.gap),
+             "options": {**self.options.to_dict(), **self.origin.to_dict()}}
+        if timing:
+            d["solve_s"] = self.solve_s
+        return d
+
+    def to_json(self, timing: bool = False) -> str:
+        return json.dumps(self.to_dict(timing), sort_keys=True, separators=(",", ":"),
+                          allow_nan=False)
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Plan":
+        if d.get("format") != FORMAT:
+            raise PlanError(f"not a plan file (format {d.get('format')!r})",
+                            fix=f"write plans with Plan.to_json ({FORMAT})")
+        opts = d.get("options", {})
+        unknown = sorted(set(opts) - set(Options().to_dict()) - set(_ORIGIN_KEYS))
+        if unknown:
+            raise PlanError(f"plan options hold unknown keys {unknown}",
+                            fix="regenerate the plan with this version of einsummable")
+        graph = Graph.from_dict(d["graph"])
+        topology = read_topology(d["topology"], "plan.topology")
+        choice = tuple((k, Candidate.from_json(c)) for k, c in d["choice"])
+        return Plan(graph, topology, choice, float(d["objective_s"]), d.get("bound_s"),
+                    d.get("gap"), float(d.get("solve_s", 0.0)), Options.from_dict(opts),
+                    _origin(opts))
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan JSON does not parse: {e}", fix="regenerate the plan") from None
+        if not isinstance(data, dict):
+            raise PlanError("plan JSON is not an object", fix="regenerate the plan")
+        try:
+            return Plan.from_dict(data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanError(f"plan JSON is missing or has a bad field ({e})",
+                            fix="regenerate the plan") from None

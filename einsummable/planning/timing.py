@@ -1,0 +1,128 @@
+"""Exchange time: the seconds an exchange program takes on a topology.
+
+*Time* (`exchange_time`): rounds run one after another. In a round a resource carrying L bytes
+at bandwidth b is busy L / b; a transfer takes the latencies of its hops plus the longest busy
+time on its route; the round lasts as long as its slowest transfer plus its longest per-device
+reduce time (inputs read and output written at the device's memory bandwidth). After the last
+round each reader stitches the needs it got in several parts: its own parts, and received parts
+that are not one contiguous range of the need, are copied (read and written, one kernel per
+need); contiguous received parts land in place (lowering receives them there directly).
+"""
+from __future__ import annotations
+
+import math
+
+from .transfers import Exchange
+
+
+def link_bytes(ex: Exchange, topology) -> dict[tuple[int, int], int]:
+    """Bytes each directed link (src, dst) carries, relays counted on every hop."""
+    out: dict[tuple[int, int], int] = {}
+    for t in ex.transfers:
+        for a, c in zip(t.hops, t.hops[1:]):
+            out[(a, c)] = out.get((a, c), 0) + t.nbytes
+    return out
+
+
+def _route_memo(topology) -> dict:
+    cache = getattr(topology, "_cache", None)
+    return cache.setdefault("exchange-route-terms", {}) if isinstance(cache, dict) else {}
+
+
+def _route_terms(topology, hops: tuple[int, ...], memo: dict | None = None
+                 ) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """Latency of a route and every (resource, bandwidth) its bytes load: each link's own
+    medium, and the egress/ingress ports of the devices at its ends where the topology gives
+    a per-device port limit (NVSwitch, NVLink lanes, NICs). Memoised per topology instance
+    (`memo`: that memo, fetched once by a caller that asks for many routes)."""
+    if memo is None:
+        memo = _route_memo(topology)
+    hit = memo.get(hops)
+    if hit is None:
+        links = [topology.link(a, c) for a, c in zip(hops, hops[1:])]
+        latency = sum(l.latency_s for l in links)
+        terms: list[tuple[str, float]] = []
+        for l in links:
+            terms.extend(link_resources(l))
+        hit = (latency, tuple(terms))
+        memo[hops] = hit
+    return hit
+
+
+def link_resources(link) -> tuple[tuple[str, float], ...]:
+    """(resource, bandwidth) pairs a link's bytes occupy (ports where the link declares one)."""
+    own = ((link.resource, link.bw),)
+    ports = getattr(link, "port_resources", ())
+    return own + tuple(ports)
+
+
+def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
+    """Seconds under the round model of the module docstring: per round, every resource (link
+    medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
+    latency plus its busiest resource's time; the round lasts as long as its slowest route plus
+    its longest per-device fold and its busiest device's per-message host work
+    (`message_time`); then the readers' stitching copies (`Exchange.copies`).
+
+    `batched`: the seconds this exchange adds to a batch that others share, whose route
+    latencies and per-message host work are paid once for all (the weights lowering sends in
+    one batch, `Topology.charges_per_message`): the same sum without those two terms."""
+    if not ex:
+        return 0.0
+    memo = _route_memo(topology)
+    by_round: dict[int, dict[tuple[int, ...], None]] = {}
+    load: dict[int, dict[str, float]] = {}
+    bw: dict[int, dict[str, float]] = {}
+    for t in ex.transfers:
+        hops = t.hops
+        if len(hops) < 2:
+            continue
+        rnd = t.round
+        by_round.setdefault(rnd, {})[hops] = None
+        ld = load.setdefault(rnd, {})
+        bb = bw.setdefault(rnd, {})
+        terms = memo.get(hops) or _route_terms(topology, hops, memo)
+        nbytes = t.nbytes
+        for res, b in terms[1]:
+            ld[res] = ld.get(res, 0.0) + nbytes
+            if b < bb.get(res, math.inf):
+                bb[res] = b
+    reduce_s: dict[int, dict[int, float]] = {}
+    for r in ex.reduces:
+        if r.n_inputs < 2:  # a lone input is only relabelled as the folded value
+            continue
+        dev = topology.devices[r.device]
+        bytes_touched = (r.n_inputs + 1) * r.nbytes  # read every input, write the result
+        per_dev = reduce_s.setdefault(r.round, {})
+        per_dev[r.device] = per_dev.get(r.device, 0.0) + bytes_touched / dev.mem_bw
+    total = 0.0
+    for rnd in sorted(set(by_round) | set(reduce_s)):
+        ld, bb = load.get(rnd, {}), bw.get(rnd, {})
+        busy = {res: x / bb[res] for res, x in ld.items()}  # seconds each resource is loaded
+        wire = 0.0
+        for hops in by_round.get(rnd, ()):
+            latency, terms = memo[hops]
+            wire = max(wire, (0.0 if batched else latency) + max(busy[res] for res, _ in terms))
+        fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
+        total += wire + fold + (0.0 if batched else
+                                message_time(by_round.get(rnd, ()), topology))
+    return total + stitch_time(ex, topology)
+
+
+def message_time(routes, topology) -> float:
+    """Host seconds of the round's messages on its busiest device: each hop a device sends
+    or receives on is one message (lowering packs a round's blocks for one peer into one,
+    `coalesce.py`), each costing the device's `message_s`; zero where the transport has no
+    per-message price."""
+    count: dict[int, int] = {}
+    for a, b in {pair for hops in routes for pair in zip(hops, hops[1:])}:
+        count[a] = count.get(a, 0) + 1
+        count[b] = count.get(b, 0) + 1
+    return max((n * topology.devices[d].message_s for d, n in count.items()), default=0.0)
+
+
+def stitch_time(ex: Exchange, topology) -> float:
+    """Seconds the busiest reader spends stitching after the last round (a kernel per need,
+    every copied byte read and written): device work, not link time."""
+    return max((k * topology.devices[d].launch_s + 2 * nbytes / topology.devices[d].mem_bw
+                for d, nbytes, k in ex.copies), default=0.0)
+

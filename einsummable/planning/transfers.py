@@ -1,0 +1,72 @@
+"""What an exchange program is: transfers between devices in rounds, partial-sum folds, and
+the readers' stitching copies. `exchange.synthesize` makes them, `timing.exchange_time` prices
+them, lowering turns them into sends, receives and reduces."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.geometry import Region
+
+MODES = ("optimized", "naive", "naive-routed")
+
+
+NAIVE_MODES = ("naive", "naive-routed")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """`region` of `tensor` moves from src to dst along `hops` (src ... dst) in `round`.
+
+    `slices` is () for a full value, else the partial slices the sent value folds together
+    (kind "partial", on its way to a reducer)."""
+
+    src: int
+    dst: int
+    tensor: str
+    region: Region
+    nbytes: int
+    kind: str
+    round: int
+    hops: tuple[int, ...]
+    slices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """On `device`, after the transfers of `round`, fold `n_inputs` values of `region` (each
+    holding the slices in `inputs[i]`) into one holding `out` (() = the full value)."""
+
+    device: int
+    tensor: str
+    region: Region
+    n_inputs: int
+    round: int
+    inputs: tuple[tuple[int, ...], ...]
+    out: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """`copies`: (device, bytes, kernels) the readers copy to stitch needs from several parts:
+    their own parts, and received parts that cannot land in place (not a contiguous range of
+    the need); a received part that is contiguous is written where it belongs, no copy."""
+    transfers: tuple[Transfer, ...]
+    reduces: tuple[Reduce, ...] = ()
+    copies: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def n_rounds(self) -> int:
+        rounds = [t.round for t in self.transfers] + [r.round for r in self.reduces]
+        return (max(rounds) + 1) if rounds else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+    def __bool__(self) -> bool:
+        return bool(self.transfers or self.reduces)
+
+
+EMPTY = Exchange(())
+
