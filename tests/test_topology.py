@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from einsummable.errors import EinsummableError, TopologyError
 from einsummable.topology import (
-    DTYPES, Device, Level, Link, Topology, bisection_bw, canonical_dtype, load_topology,
-    read_topology, to_yaml,
-    parse_quantity, shipped_topologies, synthetic)
+    DTYPES, ROUTE_REFERENCE_BYTES, Device, Level, Link, Topology, bisection_bw, canonical_dtype,
+    load_topology, parse_quantity, read_topology, shipped_topologies, synthetic, to_yaml)
+from einsummable.topology.routing import link_graph, shortest_routes
 
 GB = 1e9
 SHIPPED = ("a100x8", "dgx1-v100", "pcie4-numa", "h100x8x2", "cpu4")
@@ -295,8 +297,7 @@ BROKEN = [
     (_edit("pairs: all,", "pairs: all, shared: 'x{bogus}',"), "links[0].shared",
      "bad template"),
     (_edit("mem_bytes: 1 GB", "mem_bytes: -1 GB"), "device_types.g.mem_bytes", "positive"),
-    (_edit("bfloat16: 1 TFLOP/s, ", ""), "device_types.g.peak_flops",
-     "missing rate for 'bfloat16'"),
+    (_edit("bfloat16: 1 TFLOP/s, ", ""), "device_types.g.peak_flops.bfloat16", "missing"),
     (_edit("float32: 1 TFLOP/s", "float32: 1 TFLOP/s, int4: 9"), "device_types.g.peak_flops.int4",
      "unknown key"),
     (_edit("launch: 5 us", "launch: 5 us, color: red"), "device_types.g.color", "unknown key"),
@@ -305,6 +306,20 @@ BROKEN = [
      "integer >= 1"),
     (_edit("name: tiny", "name: tiny\nflavour: x"), "flavour", "unknown key"),
     (_edit("name: tiny\n", ""), "name", "missing"),
+    (_edit("devices_per_node: 4, ", ""), "nodes.devices_per_node", "missing"),
+    (_edit("nodes: {", "devices: [{id: 0, type: g}]\nnodes: {"), "nodes", "exactly one of"),
+    (_edit("nodes: {count: 1, devices_per_node: 4, device_type: g}",
+           "devices: [{id: 0, type: g}, {id: 1, type: g, mem_bw: 1 GB/s}]"),
+     "devices[1].mem_bw", "given together with 'type'"),
+    (_edit("bw: 10 GB/s", "bw: 10 GB/s, total_bw: 20 GB/s"), "links[0].bw", "exactly one of"),
+    (_edit("pairs: all", "pairs: all, src: 0, dst: 1"), "links[0].pairs", "exactly one of"),
+    (_edit("pairs: all", "src: 0"), "links[0].dst", "missing"),
+    (_edit("pairs: all", "pairs: all, port: nvlink"), "links[0].port_bw", "together"),
+    (_edit("pairs: all", "pairs: all, oneway: 1"), "links[0].oneway", "true or false"),
+    (_edit("pairs: all", "pairs: all, lanes: '2'"), "links[0].lanes", "expected an integer"),
+    (GOOD + "  - {kind: pcie, pairs: [[0, 1]], bw: 1 GB/s, latency: 1 parsec, replace: true}\n",
+     "links[1].latency", "unknown unit"),
+    ("- 1\n", "(document)", "expected a mapping"),
     (GOOD + "levels:\n  - {name: gpu, groups: [[0], [1], [2]]}\n", "levels[0].groups",
      "partition"),
     (GOOD + "levels:\n  - {name: gpu, groups: [[0], [1], [2], [3], [1]]}\n",
@@ -362,3 +377,107 @@ def test_replace_and_unlinked_rules(tmp_path):
 def test_invalid_yaml_syntax(tmp_path):
     with pytest.raises(TopologyError, match="not valid YAML"):
         _load(tmp_path, "name: [unclosed\n")
+
+
+# ---- schema errors name nested field paths ----
+
+NESTED = [
+    (GOOD + "  - {kind: pcie, pairs: [[0, 1]], bw: 1 GB/s, latency: 5 furlongs, replace: true}\n",
+     "links[1].latency", "unknown unit 'furlongs'", "'5 us'"),
+    (_edit("  g: {", "  X: {peak_flops: {float16: 1, bfloat16: 1, float32: 1}, mem_bw: 1,\n"
+           "      mem_bytes: 1, launch: 0, colour: red}\n  g: {"),
+     "device_types.X.colour", "unknown key", "peak_flops, mem_bw, mem_bytes, launch, message"),
+    (_edit("devices_per_node: 4, ", ""), "nodes.devices_per_node", "missing",
+     "add 'devices_per_node:'"),
+]
+
+
+@pytest.mark.parametrize("text,path,what,fix", NESTED, ids=[n[1] for n in NESTED])
+def test_schema_errors_name_nested_field_paths(text, path, what, fix):
+    with pytest.raises(TopologyError) as e:
+        read_topology(yaml.safe_load(text), "nested.yaml")
+    head, _, hint = str(e.value).partition("\n  fix: ")
+    assert head.startswith(f"nested.yaml: {path}: "), head
+    assert what in head, head
+    assert fix in hint, hint
+
+
+def test_disconnected_links_are_rejected_naming_both_devices(tmp_path):
+    with pytest.raises(TopologyError) as e:  # two islands: {0, 1} and {2, 3}
+        _load(tmp_path, _edit("pairs: all", "pairs: [[0, 1], [2, 3]]"))
+    assert "links: device 0 cannot reach device 2" in str(e.value)
+    with pytest.raises(TopologyError) as e:  # 1 cannot get back to 0 over a one-way link
+        Topology("x", (_dev(0), _dev(1)), (Link(0, 1, 1e9, 0, "pcie"),),
+                 (Level("gpu", ((0,), (1,))),))
+    assert "device 1 cannot reach device 0" in str(e.value) and "fix:" in str(e.value)
+
+
+# ---- routes: networkx against brute force; memoised answers ----
+
+PS_PER_S = 1e12  # routes compare hop times in integer picoseconds
+# Rates and latencies that tie often; 1e15 B/s makes a 1-byte hop free (0 ps) at latency 0.
+TIE_BWS = (1e9, 2e9, 4e9, 1e15)
+TIE_LATENCIES = (0.0, 1e-6, 2e-6)
+ROUTE_SIZES = (None, 1, 1e3, 1e6, 1e9)
+
+
+def _brute_force_hops(t: Topology, src: int, dst: int, nbytes: float) -> tuple[int, ...]:
+    """Every simple path, ordered by (picoseconds, hops, device sequence)."""
+    best = None
+
+    def walk(path: tuple[int, ...], ps: int) -> None:
+        nonlocal best
+        if path[-1] == dst:
+            key = (ps, len(path), path)
+            best = key if best is None or key < best else best
+            return
+        for l in t.links:
+            if l.src == path[-1] and l.dst not in path:
+                walk(path + (l.dst,), ps + round(l.time(nbytes) * PS_PER_S))
+    walk((src,), 0)
+    return best[2]
+
+
+@st.composite
+def _small_topologies(draw) -> Topology:
+    n = draw(st.integers(2, 5))
+    ring = draw(st.permutations(range(n)))  # keeps every device reachable
+    others = [(a, b) for a in range(n) for b in range(n) if a != b]
+    # a coin per pair (not a set of pairs, which shrinks towards sparse graphs with few ties)
+    coins = draw(st.lists(st.booleans(), min_size=len(others), max_size=len(others)))
+    pairs = sorted({p for p, c in zip(others, coins) if c} |
+                   {(ring[i], ring[(i + 1) % n]) for i in range(n)})
+    links = tuple(Link(a, b, draw(st.sampled_from(TIE_BWS)), draw(st.sampled_from(TIE_LATENCIES)),
+                       "pcie") for a, b in pairs)
+    return Topology("h", tuple(_dev(i) for i in range(n)), links,
+                    (Level("gpu", tuple((i,) for i in range(n))),))
+
+
+@settings(max_examples=150)
+@given(_small_topologies(), st.sampled_from(ROUTE_SIZES))
+def test_routes_are_the_brute_force_best_paths(t, nbytes):
+    size = ROUTE_REFERENCE_BYTES if nbytes is None else nbytes
+    for a in range(t.world_size):
+        for b in range(t.world_size):
+            if a != b:
+                assert t.hops(a, b, nbytes) == _brute_force_hops(t, a, b, size)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_memoised_answers_equal_fresh_ones(name):
+    t = load_topology(name)
+    n = t.world_size
+    fresh_routes = {a: shortest_routes(link_graph(n, t.links), a, ROUTE_REFERENCE_BYTES)
+                    for a in range(n)}
+    for memo in (t, t, pickle.loads(pickle.dumps(t))):  # cold memos, warm memos, rebuilt
+        for a in range(n):
+            for b in range(n):
+                direct = [l for l in t.links if (l.src, l.dst) == (a, b)]
+                assert memo.link(a, b) == (direct[0] if direct else None)
+                assert memo.has_direct(a, b) == bool(direct)
+                want = (a,) + tuple(l.dst for l in fresh_routes[a][b]) if a != b else (a,)
+                assert memo.hops(a, b) == want
+        for i, lv in enumerate(t.levels):
+            for d in range(n):
+                want = next(gi for gi, g in enumerate(lv.groups) if d in g)
+                assert memo.group_of(i, d) == memo.group_of(lv.name, d) == want

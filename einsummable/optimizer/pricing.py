@@ -19,7 +19,7 @@ from typing import Sequence
 from ..frontend.ir import DTYPE_BYTES, Op, TensorInfo
 from ..planning.cost import CostModel, EdgeCost, Needs, consumer_needs, exchange_cost
 from ..planning.placement import Candidate, Piece, output_layout
-from ..topology.view import FastTopology
+from ..planning.bound import matrix_bounds, min_latency
 
 # Below this many unpriced pairs the worker processes cost more than they
 # save (measured: rounds of a few dozen pairs ran no faster on two workers than in-process).
@@ -51,15 +51,11 @@ class EdgePricer:
     # the next (each start forks this process); `close` ends them
     _pool: ProcessPoolExecutor | None = field(default=None, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        self.fast = self.topology if isinstance(self.topology, FastTopology) \
-            else FastTopology(self.topology)
-
     def _executor(self, workers: int) -> ProcessPoolExecutor:
         if self._pool is None:
             ctx = multiprocessing.get_context("fork")
             self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(self.fast.base, self.model.exchange_mode))
+                                             initargs=(self.topology, self.model.exchange_mode))
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return self._pool
 
@@ -98,7 +94,7 @@ class EdgePricer:
         if hit is None:
             self.calls += 1
             t0 = time.perf_counter()
-            hit = exchange_cost(self._long(short), self.fast, self.model.exchange_mode)
+            hit = exchange_cost(self._long(short), self.topology, self.model.exchange_mode)
             self.spent_s += time.perf_counter() - t0
             self.spent_pairs += 1
             self._memo[short] = hit
@@ -174,7 +170,6 @@ class EdgeMatrix:
 
     def __init__(self, pricer: EdgePricer, info: TensorInfo, layouts: Sequence,
                  needs: Sequence, agg: str | None) -> None:
-        from ..planning.bound import min_latency
         self.pricer = pricer
         lays = [tuple(l) for l in layouts]
         nds = [tuple(n) for n in needs]
@@ -182,7 +177,7 @@ class EdgeMatrix:
         self._rows = [pricer.intern(l) for l in lays]
         self._cols = [pricer.intern(n) for n in nds]
         self._head = head
-        topo = pricer.fast.base
+        topo = pricer.topology
         self._batched = topo.charges_per_message
         self._latency = min_latency(topo)
         self._spec = (lays, nds, DTYPE_BYTES[info.dtype])
@@ -193,8 +188,7 @@ class EdgeMatrix:
         """Per cell (seconds, local seconds), never above the exact EdgeCost's (`bound.py`);
         computed on first use."""
         if self._bounds is None:
-            from ..planning.bound import matrix_bounds
-            self._bounds = matrix_bounds(*self._spec, self.pricer.fast.base)
+            self._bounds = matrix_bounds(*self._spec, self.pricer.topology)
         return self._bounds
 
     @property
@@ -230,11 +224,11 @@ class EdgeMatrix:
         self.pricer.prefetch_short([self.short(r, s) for r in range(R) for s in range(S)])
 
 
-_WORKER: dict = {}  # per worker process: its topology view (set once by the initializer)
+_WORKER: dict = {}  # per worker process: its topology (set once by the initializer)
 
 
 def _init_worker(topology, mode: str) -> None:
-    _WORKER["topology"] = FastTopology(topology)
+    _WORKER["topology"] = topology
     _WORKER["mode"] = mode
 
 

@@ -1,14 +1,22 @@
-"""Structural validation of a topology's devices, links and levels (every error names the
-field path and says what to fix)."""
+"""Structural validation of a topology's devices, links and levels, however it was made (YAML
+or code): every error names the field path and says what to fix."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable
+from typing import Any
+
+import networkx as nx
 
 from ..errors import TopologyError
+from .routing import first_unreachable, link_graph
 from .units import DTYPES, LINK_KINDS
 
-def check_structure(name: Any, devices: tuple, links: tuple, levels: tuple, where: str) -> None:
+
+def check_structure(name: Any, devices: tuple, links: tuple, levels: tuple,
+                    where: str) -> nx.DiGraph:
+    """Raise TopologyError (prefixed by ``where``) at the first broken field; return the link
+    graph (`routing.link_graph`), which the checks build anyway, for the topology to keep."""
     def fail(path: str, msg: str, fix: str) -> None:
         raise TopologyError(f"{where}: {path}: {msg}", fix=fix)
 
@@ -68,7 +76,12 @@ def check_structure(name: Any, devices: tuple, links: tuple, levels: tuple, wher
             fail(f"links[{i}].lanes", f"expected a positive integer, got {l.lanes!r}",
                  "lanes counts parallel physical links, at least 1")
     _check_levels(levels, n, fail)
-    _check_connected(n, pairs, fail)
+    graph = link_graph(n, links)
+    cut = first_unreachable(graph)
+    if cut is not None:
+        fail("links", f"device {cut[0]} cannot reach device {cut[1]} over any chain of links",
+             "add a link rule that connects them (e.g. a pcie or qpi fallback)")
+    return graph
 
 
 def _check_pos(v: Any, path: str, unit: str, fail: Callable) -> None:
@@ -123,21 +136,3 @@ def _check_levels(levels: tuple, n: int, fail: Callable) -> None:
     if any(len(g) != 1 for g in levels[-1].groups):
         fail(f"levels[{len(levels)-1}].groups", "the last (fastest) level must hold one "
              "device per group", "end the hierarchy with a per-device level (e.g. gpu)")
-
-
-def _check_connected(n: int, pairs: Mapping[tuple[int, int], int], fail: Callable) -> None:
-    adj: dict[int, list[int]] = {}
-    for a, b in pairs:
-        adj.setdefault(a, []).append(b)
-    for s in range(n):
-        seen, stack = {s}, [s]
-        while stack:
-            for b in adj.get(stack.pop(), ()):
-                if b not in seen:
-                    seen.add(b)
-                    stack.append(b)
-        if len(seen) < n:
-            t = min(set(range(n)) - seen)
-            fail("links", f"device {s} cannot reach device {t} over any chain of links",
-                 "add a link rule that connects them (e.g. a pcie or qpi fallback)")
-

@@ -1,7 +1,8 @@
 """The machine as data: devices, directed links, a level hierarchy; routes between devices.
 
-Everything here is immutable; the only state is a per-instance memo of pure functions of the
-(frozen) fields, chiefly the route tables (`routing.py`).
+Everything here is immutable; the only state is per-instance memos of pure functions of the
+(frozen) fields: the link graph and route tables (`routing.py`), and the per-pair answers
+(link, hops, level group) that the exchange synthesiser asks for every transfer.
 
 Ports. A link may name a per-device port: its bytes then also load the source device's egress
 port and the destination device's ingress port of that name, each limited to ``port_bw`` (all
@@ -14,9 +15,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
+
 from ..errors import TopologyError
 from .checks import check_structure
-from .routing import shortest_routes
+from .routing import link_graph, shortest_routes
 from .units import DTYPES, canonical_dtype
 
 
@@ -27,6 +30,10 @@ ROUTE_REFERENCE_BYTES: float = float(1 << 20)
 
 # Route tables kept per instance (one per source and message size); beyond this, recompute.
 _ROUTE_CACHE_LIMIT: int = 4096
+
+
+# The key of the link graph in `Topology._cache`.
+_GRAPH_KEY: str = "link-graph"
 
 
 @dataclass(frozen=True)
@@ -107,30 +114,47 @@ class Level:
 
 @dataclass(frozen=True)
 class Topology:
+    """A machine: devices (ids are ranks 0..n-1), directed links that connect every device to
+    every other, and levels from slow to fast. Validated on construction (`checks.py`)."""
     name: str
     devices: tuple[Device, ...]
     links: tuple[Link, ...]
     levels: tuple[Level, ...]
     source_notes: str = ""
-    # Memo of pure functions of the fields above (per instance, never shared).
+    # Memo of pure functions of the fields above (per instance, never shared, never pickled);
+    # other stages keep their tables of this topology here too (planning.routes, .bound).
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # The per-pair answers the exchange synthesiser asks for every transfer, each its own
+    # dict so that a hit costs one lookup: (src, dst) -> Link (built at once), and, filled
+    # on first use, (src, dst) -> hops at the reference size, (level, dev) -> group index.
+    _by_pair: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _hops_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _group_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "links", tuple(self.links))
         object.__setattr__(self, "levels", tuple(
             Level(lv.name, tuple(tuple(g) for g in lv.groups)) for lv in self.levels))
-        check_structure(self.name, self.devices, self.links, self.levels,
-                         where=f"topology '{self.name}'")
+        graph = check_structure(self.name, self.devices, self.links, self.levels,
+                                where=f"topology '{self.name}'")
+        self._start_memos()
+        self._cache[_GRAPH_KEY] = graph
 
-    def __getstate__(self) -> dict:  # do not ship the memo to worker processes
+    def __getstate__(self) -> dict:  # do not ship the memos to worker processes
         return {k: getattr(self, k) for k in
                 ("name", "devices", "links", "levels", "source_notes")}
 
     def __setstate__(self, state: dict) -> None:
         for k, v in state.items():
             object.__setattr__(self, k, v)
+        self._start_memos()
+
+    def _start_memos(self) -> None:
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_by_pair", {(l.src, l.dst): l for l in self.links})
+        object.__setattr__(self, "_hops_memo", {})
+        object.__setattr__(self, "_group_memo", {})
 
     # ---- basic facts ----
     @property
@@ -164,10 +188,19 @@ class Topology:
         return any(d.message_s for d in self.devices)
 
     def link(self, src: int, dst: int) -> Link | None:
-        return self._link_map().get((src, dst))
+        return self._by_pair.get((src, dst))
 
     def has_direct(self, a: int, b: int) -> bool:
-        return (a, b) in self._link_map()
+        return (a, b) in self._by_pair
+
+    @property
+    def digraph(self) -> nx.DiGraph:
+        """The links as a networkx DiGraph (devices are nodes; each edge's Link under
+        `routing.LINK_ATTR`), built once per instance. Read it; do not change it."""
+        g = self._cache.get(_GRAPH_KEY)
+        if g is None:
+            g = self._cache[_GRAPH_KEY] = link_graph(self.world_size, self.links)
+        return g
 
     # ---- hierarchy ----
     def fanouts(self) -> tuple[int, ...]:
@@ -176,6 +209,14 @@ class Topology:
         return tuple(sizes[i + 1] // sizes[i] for i in range(len(self.levels)))
 
     def group_of(self, level: int | str, dev: int) -> int:
+        """Index of the group of ``level`` (index or name) that holds ``dev`` (memoised)."""
+        key = (level, dev)
+        hit = self._group_memo.get(key)
+        if hit is None:
+            hit = self._group_memo[key] = self._find_group(level, dev)
+        return hit
+
+    def _find_group(self, level: int | str, dev: int) -> int:
         lv = self.levels[self._level_index(level)]
         for gi, g in enumerate(lv.groups):
             if dev in g:
@@ -216,7 +257,7 @@ class Topology:
         key = ("routes", src, size)
         routes = self._cache.get(key)
         if routes is None:
-            routes = shortest_routes(self.links, src, size)
+            routes = shortest_routes(self.digraph, src, size)
             if len(self._cache) < _ROUTE_CACHE_LIMIT:
                 self._cache[key] = routes
         if dst not in routes:  # excluded by validation (the link graph is connected)
@@ -227,9 +268,17 @@ class Topology:
     links_on_route = route
 
     def hops(self, src: int, dst: int, nbytes: float | None = None) -> tuple[int, ...]:
-        """Device sequence of the route, src first, dst last."""
+        """Device sequence of the route, src first, dst last (memoised at the reference size,
+        the size the exchange synthesiser routes by)."""
+        if nbytes is None:
+            hit = self._hops_memo.get((src, dst))
+            if hit is not None:
+                return hit
         r = self.route(src, dst, nbytes)
-        return (src,) + tuple(l.dst for l in r) if r else (src,)
+        seq = (src,) + tuple(l.dst for l in r) if r else (src,)
+        if nbytes is None:
+            self._hops_memo[(src, dst)] = seq
+        return seq
 
     def relays(self, src: int, dst: int, nbytes: float | None = None) -> tuple[int, ...]:
         return self.hops(src, dst, nbytes)[1:-1]
@@ -261,7 +310,7 @@ class Topology:
                     **({"message": d.message_s} if d.message_s else {})}
                    for d in self.devices]
         links: list[dict] = []
-        lmap = self._link_map()
+        lmap = self._by_pair
         done: set[tuple[int, int]] = set()
         for l in self.links:
             if (l.src, l.dst) in done:
@@ -315,11 +364,3 @@ class Topology:
         n = self.world_size
         return [(a, b) for a in range(n) for b in range(n)
                 if a != b and self.pair_level(a, b) == i]
-
-    def _link_map(self) -> dict[tuple[int, int], Link]:
-        m = self._cache.get("links")
-        if m is None:
-            m = {(l.src, l.dst): l for l in self.links}
-            self._cache["links"] = m
-        return m
-

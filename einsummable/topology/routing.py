@@ -1,38 +1,70 @@
-"""Routes: the fastest path between two devices for a message of a given size."""
+"""The link graph (networkx): routes between devices for a message of a given size, which
+devices cannot reach which, and the bisection bandwidth."""
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
+from collections.abc import Iterable
+
+import networkx as nx
 
 # Path times are compared in integer picoseconds so that float summation order cannot flip a
 # tie between equally fast routes (determinism).
 _TIME_QUANTUM_PER_S: float = 1e12
 
 
-def shortest_routes(links: tuple, src: int,
-                     nbytes: float) -> dict[int, tuple]:
-    """Dijkstra from src; a hop costs latency + nbytes / bw, in integer picoseconds, and the
-    (cost, hops, device sequence) key makes ties deterministic."""
-    adj: dict[int, list] = {}
-    for l in links:
-        adj.setdefault(l.src, []).append(l)
-    heap: list[tuple[int, int, tuple[int, ...], tuple]] = [(0, 0, (src,), ())]
-    out: dict[int, tuple] = {}
-    done: set[int] = set()
-    while heap:
-        cost, nh, path, route = heapq.heappop(heap)
-        node = path[-1]
-        if node in done:
-            continue
-        done.add(node)
-        if node != src:
-            out[node] = route
-        for l in adj.get(node, ()):
-            if l.dst not in done:
-                step = round(l.time(nbytes) * _TIME_QUANTUM_PER_S)
-                heapq.heappush(heap, (cost + step, nh + 1, path + (l.dst,), route + (l,)))
-    return out
+# The edge attribute that holds the Link of a graph edge.
+LINK_ATTR: str = "link"
+
+
+def link_graph(num_devices: int, links: Iterable) -> nx.DiGraph:
+    """Devices 0..num_devices-1 as nodes and one edge per directed link (the Link under
+    LINK_ATTR). Every device is a node, linked or not, so that reachability sees them all."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(num_devices))
+    graph.add_edges_from((l.src, l.dst, {LINK_ATTR: l}) for l in links)
+    return graph
+
+
+def first_unreachable(graph: nx.DiGraph) -> tuple[int, int] | None:
+    """The first (s, t), in device order, such that no chain of links leads from s to t; None
+    when every device reaches every other."""
+    if nx.is_strongly_connected(graph):
+        return None
+    everyone = set(graph)
+    for s in sorted(everyone):
+        missing = everyone - nx.descendants(graph, s) - {s}
+        if missing:
+            return s, min(missing)
+    return None
+
+
+def shortest_routes(graph: nx.DiGraph, src: int, nbytes: float) -> dict[int, tuple]:
+    """The route (a tuple of Links) from src to every device it reaches, for a message of
+    nbytes. A hop costs latency + nbytes / bw, in integer picoseconds; among the fastest
+    paths the fewest hops win, and among those the lexicographically smallest device sequence.
+
+    Computed in stages, each a plain graph question: the fastest time to every device
+    (Dijkstra); the "tight" links, those that lie on some fastest path (dist[u] + w == dist[v]);
+    the fewest hops over tight links (breadth-first: tight links may cost 0, so hop counts
+    need their own search); then, layer by layer of hop count, each device's smallest device
+    sequence is the smallest of its tight predecessors' one layer up, extended by itself
+    (all candidates have the same length, so the plain tuple order is the lexicographic one)."""
+    cost = {(u, v): round(link.time(nbytes) * _TIME_QUANTUM_PER_S)
+            for u, v, link in graph.edges(data=LINK_ATTR)}
+    dist = nx.single_source_dijkstra_path_length(graph, src, weight=lambda u, v, _: cost[u, v])
+    tight = nx.DiGraph()
+    tight.add_node(src)
+    tight.add_edges_from((u, v) for (u, v), w in cost.items()
+                         if u in dist and dist[u] + w == dist[v])
+    hops = nx.single_source_shortest_path_length(tight, src)
+    best: dict[int, tuple[int, ...]] = {src: (src,)}
+    for v in sorted(hops, key=hops.__getitem__):  # by hop count: predecessors come first
+        if v != src:
+            best[v] = min(best[u] for u in tight.predecessors(v)
+                          if hops[u] + 1 == hops[v]) + (v,)
+    return {v: tuple(graph.edges[a, b][LINK_ATTR] for a, b in itertools.pairwise(seq))
+            for v, seq in best.items() if v != src}
 
 
 def bisection_bw(topo) -> float:
@@ -52,4 +84,3 @@ def bisection_bw(topo) -> float:
                 res[l.resource] = max(res.get(l.resource, 0.0), l.bw)
         best = min(best, sum(res.values()))
     return best
-

@@ -44,7 +44,7 @@ _UNITS = _unit_table()
 
 
 # kind -> (what it is, an example, the base unit of a plain number)
-_KINDS: Mapping[str, tuple[str, str, str]] = {
+QUANTITY_KINDS: Mapping[str, tuple[str, str, str]] = {
     "bandwidth": ("bandwidth", "'25 GB/s'", "bytes/s"),
     "flops": ("FLOP rate", "'312 TFLOP/s'", "FLOP/s"),
     "bytes": ("size", "'40 GB'", "bytes"),
@@ -53,7 +53,7 @@ _KINDS: Mapping[str, tuple[str, str, str]] = {
 
 
 def _expected(kind: str) -> str:
-    word, example, base = _KINDS[kind]
+    word, example, base = QUANTITY_KINDS[kind]
     return f"a {word} such as {example} or a number in {base}"
 
 
