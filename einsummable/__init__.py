@@ -3,32 +3,54 @@
     g = es.trace(module, args)                  # torch.export capture -> es.Graph
     topo = es.load_topology("a100x8")
     plan = es.optimize(g, topo)                 # one MIP over every op's decompositions
+    print(es.explain(plan))
     outs = es.run(plan, es.bind(g, module, args), backend="gloo")
+
+The names below follow the pipeline: the front end (graphs in), the machine, planning, the
+optimizer, the back end (plans out), and `compile`, which strings them together.
 """
-from .errors import (DTypeError, EinsumParseError, EinsummableError, InfeasibleError, PlanError,
-                     RuntimeFault, ShapeError, SolverError, TopologyError, UnknownFunctionError,
-                     UnsupportedOpError)
-from .frontend.ir import Constant, Graph, Op, TensorInfo, make_op
-from .frontend.einsum import parse_einsum
+from . import models
+from .backend.lowering import Lowered, lower
+from .backend.runtime import run, simulate
+from .compiler import compile
+from .errors import (
+                     DTypeError,
+                     EinsummableError,
+                     EinsumParseError,
+                     InfeasibleError,
+                     PlanError,
+                     RuntimeFault,
+                     ShapeError,
+                     SolverError,
+                     TopologyError,
+                     UnknownFunctionError,
+                     UnsupportedOpError,
+)
 from .frontend.builder import Builder, TensorHandle
-from .frontend.reference import evaluate, evaluate_op
-from .planning.spec import Decomposition, decompositions, tuples
-from .planning.placement import Candidate
-from .topology import Topology, load_topology
 from .frontend.capture import bind, trace
-from .planning.plan import Plan
+from .frontend.einsum import parse_einsum
+from .frontend.ir import Constant, Graph, Op, TensorInfo, make_op
+from .frontend.reference import evaluate, evaluate_op
 from .optimizer.api import candidates, named_plan, optimize, plan_cost
 from .optimizer.report import explain
-from .backend.lowering import lower
-from .backend.runtime import Lowered, run, simulate
-from .compiler import compile
-from . import models
+from .planning.placement import Candidate
+from .planning.plan import Options, Plan
+from .planning.spec import Decomposition, decompositions, tuples
+from .topology import Topology, load_topology
 
 __all__ = [
-    "Builder", "Candidate", "Constant", "Decomposition", "DTypeError", "EinsumParseError",
-    "EinsummableError", "Graph", "InfeasibleError", "Lowered", "Op", "Plan", "PlanError",
-    "RuntimeFault", "ShapeError", "SolverError", "TensorHandle", "TensorInfo", "Topology", "TopologyError",
-    "UnknownFunctionError", "UnsupportedOpError", "bind", "candidates", "compile", "explain",
-    "decompositions", "evaluate", "evaluate_op", "load_topology", "lower", "make_op", "models",
-    "named_plan", "optimize", "parse_einsum", "plan_cost", "run", "simulate", "trace", "tuples",
+    # errors
+    "DTypeError", "EinsumParseError", "EinsummableError", "InfeasibleError", "PlanError",
+    "RuntimeFault", "ShapeError", "SolverError", "TopologyError", "UnknownFunctionError",
+    "UnsupportedOpError",
+    # front end
+    "Builder", "Constant", "Graph", "Op", "TensorHandle", "TensorInfo", "bind", "evaluate",
+    "evaluate_op", "make_op", "models", "parse_einsum", "trace",
+    # the machine
+    "Topology", "load_topology",
+    # planning and the optimizer
+    "Candidate", "Decomposition", "Options", "Plan", "candidates", "decompositions", "explain",
+    "named_plan", "optimize", "plan_cost", "tuples",
+    # back end and the whole path
+    "Lowered", "compile", "lower", "run", "simulate",
 ]

@@ -1,4 +1,4 @@
-"""Shared logic of `einsummable bench`: configs, result rows, summaries, files, the table.
+"""Shared logic of `einsummable-bench`: configs, result rows, summaries, files, the table.
 
 A config (experiments/configs/*.yaml) names a `kind` of experiment; `bench.py` maps kinds to
 runners. Every runner returns `Row`s; a row is one (workload, world size, system) with a time

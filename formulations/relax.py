@@ -48,7 +48,7 @@ Should the columns held admit no feasible point, every column joins.
 
 Re-solving: `set_cell` gives a cell of the same problem a raised cost (priced since) and
 changes only its coefficients; HiGHS starts from the last basis (presolve off), which is
-what makes many rounds of price-and-re-solve cheap (`einsummable.optimize.lp_pricing`). An
+what makes many rounds of price-and-re-solve cheap (`einsummable.optimizer.lp_phase.lp_pricing`). An
 edge between two nodes of one tie group is a unary cost of their shared choice here; it keeps
 the costs it was built with (still lower bounds of the raised ones, so every bound stays
 valid) and reports no y.

@@ -1,4 +1,4 @@
-"""Reading results documents written by `einsummable bench`."""
+"""Reading results documents written by `einsummable-bench`."""
 from __future__ import annotations
 
 import json

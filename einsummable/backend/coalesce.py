@@ -29,9 +29,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.program import (
+    Alloc,
+    Free,
+    Pack,
+    Place,
+    Program,
+    Recv,
+    Send,
+    Slice,
+    Unpack,
+    p2p_batches,
+    reads,
+    writes,
+)
 from ..frontend.ir import DTYPE_BYTES
-from ..core.program import (Alloc, Free, Pack, Place, Program, Recv, Send, Slice, Unpack,
-                            p2p_batches, reads, writes)
 
 # Fewer blocks than this in a group are not worth a pack copy.
 MIN_GROUP = 2

@@ -8,7 +8,7 @@ into place is received there directly (Alloc + Recv into a region). Each tuple b
 on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
 (the simulator sends them in order on a low-priority stream). Graph outputs are delivered whole to rank 0 the same way. Finally every
-buffer is freed after its last read. All ranks are emitted in one global order (see program.py).
+buffer is freed after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
 from __future__ import annotations
 
@@ -16,19 +16,46 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..core.geometry import (
+    Region,
+    contains,
+    contiguous_slice,
+    intersect,
+    region_shape,
+    relative,
+    subtract,
+)
+from ..core.program import (
+    Alloc,
+    Assemble,
+    Compute,
+    Const,
+    Free,
+    Output,
+    Place,
+    Program,
+    Recv,
+    Reduce,
+    Send,
+    Slice,
+    reads,
+    writes,
+)
 from ..errors import PlanError
-from ..planning.transfers import Exchange
-from ..core.geometry import contains
-from ..planning.exchange import synthesize
 from ..frontend.ir import Graph, TensorInfo
-from ..planning.placement import (INPUT_PREFIX, Candidate, check_candidate, input_needs,
-                                  input_op, output_layout)
-from ..core.program import (Alloc, Assemble, Compute, Const, Free, Output, Place, Program, Recv,
-                            Reduce, Send, Slice, reads, writes)
-from ..core.geometry import Region, intersect, region_shape
+from ..planning.exchange import synthesize
+from ..planning.placement import (
+    INPUT_PREFIX,
+    Candidate,
+    check_candidate,
+    input_needs,
+    input_op,
+    output_layout,
+)
 from ..planning.spec import tuples
-from ..core.geometry import contiguous_slice, relative
-
+from ..planning.transfers import Exchange
+from ..topology import load_topology
+from .coalesce import coalesce as pack_messages
 
 # Weight-reading ops whose weights are in flight ahead of the op running: enough that a large
 # matmul's weights start crossing while the small ops before it (norms, rotary) run.
@@ -108,7 +135,6 @@ def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region) -> int:
             out = st.buf()
             st.emit(dev, Slice(out, b, relative(reg, r)))
             return out
-    from ..core.geometry import subtract
     todo, parts = [reg], []
     for r, b in full:
         nxt = []
@@ -158,7 +184,6 @@ def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
 
 def _covered(st: _State, name: str, dev: int, reg: Region) -> bool:
     """Whether the whole (not partial) blocks of `name` held on dev cover `reg`."""
-    from ..core.geometry import subtract
     todo = [reg]
     for r, s, _ in st.held.get(name, {}).get(dev, ()):
         if s == ():
@@ -278,7 +303,6 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive").
     `coalesce`: blocks for one peer in one p2p batch travel as one message (`coalesce.py`)."""
     graph, choice, topology = _unpack(plan, choice, topology)
-    from ..topology import load_topology
     topology = load_topology(topology)
     world = topology.world_size
     st = _State(graph, world, [[] for _ in range(world)])
@@ -355,7 +379,6 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
                      for r in range(world))
     if coalesce:
-        from .coalesce import coalesce as pack_messages
         programs = pack_messages(programs, topology)
     return Lowered(graph, programs, mode)
 

@@ -28,6 +28,19 @@ from typing import Any, Callable
 
 import torch
 
+from ..backend.lowering import lower
+from ..backend.runtime.dist import (
+    WAIT_TIMEOUT_S,
+    free_port,
+    p2p_barrier,
+    threads_per_rank,
+)
+from ..backend.runtime.local import run_local
+from ..errors import PlanError, RuntimeFault
+from ..frontend.builder import Builder
+from ..planning.placement import INPUT_PREFIX, input_op, place
+from ..topology import read_topology, synthetic
+
 HELP = "measure this machine with gloo ranks and write a topology YAML (default topologies/cpu4.yaml)"
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -105,11 +118,6 @@ def _mem_bw(effort: Effort) -> float:
 def _launch_s(effort: Effort) -> float:
     """Seconds per instruction of the runtime itself: a chain of elementwise ops on 4 floats,
     lowered for one rank and run by the same RankState the executors use."""
-    from ..frontend.builder import Builder
-    from ..backend.lowering import lower
-    from ..planning.placement import INPUT_PREFIX, input_op, place
-    from ..backend.runtime.local import run_local
-    from ..topology import synthetic
     b = Builder()
     x = b.input("x", (4,))
     y = x
@@ -147,7 +155,6 @@ def _batch_s(rank: int, world: int, m: int, tag: int, timeout: datetime.timedelt
     """Seconds of one batch in which this rank sends m tiny messages to, and receives m from,
     every peer (all ranks at once, as in a program's exchange)."""
     import torch.distributed as dist
-    from ..backend.runtime.dist import p2p_barrier
     peers = [p for p in range(world) if p != rank]
     ops = [dist.P2POp(fn, torch.zeros(1), p, tag=tag + k)
            for p in peers for k in range(m) for fn in (dist.isend, dist.irecv)]
@@ -194,7 +201,6 @@ def _pairs_rounds(world: int) -> list[list[tuple[int, int]]]:
 
 def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> None:
     import torch.distributed as dist
-    from ..backend.runtime.dist import WAIT_TIMEOUT_S, p2p_barrier, threads_per_rank
     try:
         threads = threads_per_rank(world)
         torch.set_num_threads(threads)
@@ -230,11 +236,9 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
 
 def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measured:
     import torch.multiprocessing as mp
-    from ..errors import RuntimeFault
-    from ..backend.runtime.dist import _free_port
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_measure_rank, args=(r, world, port, effort, results),
                          daemon=True) for r in range(world)]
     for p in procs:
@@ -308,7 +312,6 @@ def topology_yaml(m: Measured, name: str) -> str:
 
 def render(m: Measured, name: str, command: str) -> str:
     import yaml
-    from ..topology import read_topology
     body = topology_yaml(m, name)
     read_topology(yaml.safe_load(body), "calibrate")  # the file we write must load
     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -328,7 +331,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import PlanError
     if args.world_size < 1:
         raise PlanError(f"--world-size must be >= 1, got {args.world_size}",
                         fix="pass the number of local ranks, e.g. --world-size 4")

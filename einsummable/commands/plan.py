@@ -12,6 +12,13 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import EinsummableError
+from ..frontend.capture import trace
+from ..models.presets import preset
+from ..optimizer.api import named_plan, optimize
+from ..optimizer.report import explain
+from ..topology import load_topology
+
 HELP = "optimise a multi-device plan for a model on a topology"
 
 
@@ -41,11 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_graph(args: argparse.Namespace):
-    from ..errors import EinsummableError
     if args.model:
-        from ..models.presets import preset
         import torch
-        from ..frontend.capture import trace
         module, inputs = preset(args.model, args.batch, args.seq, device="meta",
                                 dtype=getattr(torch, args.dtype), width=args.width,
                                 n_layers=args.layers)
@@ -58,7 +62,6 @@ def load_graph(args: argparse.Namespace):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     import torch
-    from ..frontend.capture import trace
     with torch.device("meta"):
         module = getattr(mod, cls)()
     dim = args.dim or getattr(module, "dim", None)
@@ -69,9 +72,6 @@ def load_graph(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..optimizer.api import named_plan, optimize
-    from ..optimizer.report import explain
-    from ..topology import load_topology
     graph = load_graph(args)
     topo = load_topology(args.topology)
     if args.strategy:

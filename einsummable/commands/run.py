@@ -15,6 +15,13 @@ from pathlib import Path
 
 import torch
 
+from ..backend.lowering import lower
+from ..backend.runtime.dist import Pools
+from ..backend.runtime.local import run_local
+from ..errors import PlanError
+from ..frontend.reference import TORCH_DTYPES, evaluate
+from ..planning.plan import Plan
+
 HELP = "run a plan JSON on random inputs (local or gloo ranks); --check compares to the reference"
 
 # Relative error above which --check fails (fp32 programs re-associate sums; fp16 lose more).
@@ -22,7 +29,6 @@ TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-
 
 
 def random_inputs(graph, seed: int) -> dict[str, torch.Tensor]:
-    from ..frontend.reference import TORCH_DTYPES
     gen = torch.Generator().manual_seed(seed)
     return {t.name: torch.randn(t.shape, generator=gen).to(TORCH_DTYPES[t.dtype])
             for t in graph.inputs}
@@ -51,10 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import PlanError
-    from ..backend.lowering import lower
-    from ..planning.plan import Plan
-    from ..frontend.reference import evaluate
     try:
         text = Path(args.plan).read_text()
     except OSError as e:
@@ -69,14 +71,12 @@ def main(args: argparse.Namespace) -> int:
     inputs = random_inputs(plan.graph, args.seed)
     times: list[float] = []
     if args.backend == "local":
-        from ..backend.runtime.local import run_local
         outs = run_local(low, inputs)
         for _ in range(max(1, args.repeats)):
             t0 = time.perf_counter()
             run_local(low, inputs)
             times.append(time.perf_counter() - t0)
     else:
-        from ..backend.runtime.dist import Pools
         pools = Pools()
         try:
             pool = pools.get("gloo", n, no_collectives=True)

@@ -16,8 +16,8 @@ import sys
 from typing import Sequence
 
 from ..errors import EinsumParseError, ShapeError
-from .ir import Constant, Graph, Op, TensorInfo, check_dtype, make_op
-from .einsum import parse_einsum
+from .einsum import dims_shape, parse_einsum
+from .ir import Constant, Graph, Op, TensorInfo, check_dtype, make_op, validate_op
 from .scalar import Expr, arg, call, const
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -166,8 +166,6 @@ class Builder:
         op = make_op(op_name, einsum, [t.name for t in inputs], out_name, shapes, join=join,
                      agg=agg, fused=fused, params=params, splittable=splittable, source=source,
                      out_sizes=out_sizes, strict=strict)
-        from .einsum import dims_shape
-        from .ir import validate_op
         validate_op(op, shapes)
         dtype = inputs[0].info.dtype if inputs else self.dtype
         self._tensors[out_name] = TensorInfo(out_name, dims_shape(op.out_dims, op.size), dtype,

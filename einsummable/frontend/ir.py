@@ -21,11 +21,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable, Sequence
 
-from ..errors import (DTypeError, EinsumParseError, EinsummableError, ShapeError,
-                      UnknownFunctionError)
-from .scalar import Expr, check_aggregation
+from ..errors import (
+    DTypeError,
+    EinsummableError,
+    EinsumParseError,
+    ShapeError,
+    UnknownFunctionError,
+)
 from .einsum import Dims, dims_shape, dims_to_str, flat_modes, parse_einsum
 from .kernels import KERNELS
+from .scalar import Expr, check_aggregation
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 TENSOR_KINDS = ("input", "weight", "constant", "intermediate")

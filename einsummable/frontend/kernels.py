@@ -10,14 +10,28 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from .einsum import flat_modes
+from .einsum import Dims, flat_modes
 
-if TYPE_CHECKING:
-    from .ir import Op
+
+class FusedOp(Protocol):
+    """What a kernel reads of its op (an `ir.Op` with `fused` set): the kernel sits below the
+    IR, which looks kernels up by name for their FLOP counts and splittable modes."""
+    fused: str | None
+    in_dims: tuple[Dims, ...]
+    size: Mapping[str, int]
+
+    @property
+    def modes(self) -> tuple[str, ...]: ...
+
+    @property
+    def out_modes(self) -> tuple[str, ...]: ...
+
+    @property
+    def param(self) -> dict[str, Any]: ...
 
 Ranges = dict[str, tuple[int, int]]
 
@@ -33,12 +47,12 @@ SOFTMAX_OPS_PER_ELEMENT = 5
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    run: Callable[["Op", Sequence[torch.Tensor], Ranges], torch.Tensor]
-    flops: Callable[["Op"], int]
+    run: Callable[[FusedOp, Sequence[torch.Tensor], Ranges], torch.Tensor]
+    flops: Callable[[FusedOp], int]
     doc: str
 
 
-def _sdpa(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     """q bhqe, k bhke, v bhkf [, additive mask over a subset of b h q k] -> bhqf."""
     q, k, v = xs[0], xs[1], xs[2]
     scale = op.param.get("scale") or 1.0 / math.sqrt(q.shape[-1])
@@ -68,7 +82,7 @@ def _align(t: torch.Tensor, dims, target) -> torch.Tensor:
     return t.reshape(shape)
 
 
-def _sdpa_flops(op: "Op") -> int:
+def _sdpa_flops(op: FusedOp) -> int:
     b, h, q, e = (op.size[g[0]] for g in op.in_dims[0])
     kk = op.size[op.in_dims[1][2][0]]
     f = op.size[op.in_dims[2][3][0]]
@@ -77,32 +91,32 @@ def _sdpa_flops(op: "Op") -> int:
     return matmuls + softmax  # causal counts in full, as in `_attention_flops`
 
 
-def _axis(op: "Op") -> int:
+def _axis(op: FusedOp) -> int:
     return op.out_modes.index(op.param["axis"])
 
 
-def _softmax(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _softmax(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     return torch.softmax(xs[0], dim=_axis(op))
 
 
-def _log_softmax(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _log_softmax(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     return torch.log_softmax(xs[0], dim=_axis(op))
 
 
-def _rms_norm(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _rms_norm(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     x, w = xs[0], xs[1]
     var = x.float().pow(2).mean(dim=-1, keepdim=True)
     return (x.float() * torch.rsqrt(var + op.param["eps"])).to(x.dtype) * w
 
 
-def _layer_norm(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _layer_norm(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     x = xs[0]
     w = xs[1] if len(xs) > 1 else None
     b = xs[2] if len(xs) > 2 else None
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, op.param["eps"])
 
 
-def _elementwise_flops(per_element: int) -> Callable[["Op"], int]:
+def _elementwise_flops(per_element: int) -> Callable[[FusedOp], int]:
     return lambda op: per_element * math.prod(op.size.values())
 
 
@@ -123,19 +137,19 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
-def run_kernel(op: "Op", blocks: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def run_kernel(op: FusedOp, blocks: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     return KERNELS[op.fused].run(op, blocks, ranges)
 
 
 # --------------------------------------------------------------------------- added by capture
 
-def _fine_blocks(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
+def _fine_blocks(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
     """Blocks viewed with one axis per mode (grouped dims split), block-local extents."""
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     return [x.reshape([ext[m] for g in d for m in g]) for x, d in zip(xs, op.in_dims)]
 
 
-def _positions(modes: str, op: "Op", ranges: Ranges, device) -> torch.Tensor:
+def _positions(modes: str, op: FusedOp, ranges: Ranges, device) -> torch.Tensor:
     """Global flat index (row-major over `modes`, full sizes) of every element of a block."""
     pos = torch.zeros((), dtype=torch.long, device=device)
     for m in modes:
@@ -144,7 +158,7 @@ def _positions(modes: str, op: "Op", ranges: Ranges, device) -> torch.Tensor:
     return pos.reshape(-1)
 
 
-def _attention(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _attention(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     """Layout-generic attention: params name the query ("q"), key ("k"), head-width ("e") and
     value-width ("f") modes; every other output mode is a batch mode (batch, heads, or the
     query-group mode of grouped-query attention, which k and v lack). Operand 3, if present, is
@@ -169,7 +183,7 @@ PLAN_CACHE_SIZE = 1024
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-def _sdpa_plan(op: "Op") -> "_SdpaPlan | None":
+def _sdpa_plan(op: FusedOp) -> _SdpaPlan | None:
     p = op.param
     qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
     # Size-1 batch modes are dropped: a batch of one is captured with a separate size-1 mode
@@ -200,7 +214,7 @@ def _to(t: torch.Tensor, have: str, want: str, ext: dict[str, int]) -> torch.Ten
         else t
 
 
-def _attention_sdpa(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges,
+def _attention_sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges,
                     plan: _SdpaPlan) -> torch.Tensor:
     p = op.param
     qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
@@ -239,7 +253,7 @@ def _attention_sdpa(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges,
     return out.permute([have.index(m) for m in plan.out]) if have != plan.out else out
 
 
-def _attention_einsum(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _attention_einsum(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     """Any layout the sdpa path does not take: scores, mask, float softmax, probs·v."""
     p = op.param
     qm, km, fm = p["q"], p["k"], p["f"]
@@ -267,7 +281,7 @@ def _attention_einsum(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> t
     return torch.einsum(f"{target},{names[2]}->{out}", probs, fine[2])
 
 
-def _attention_flops(op: "Op") -> int:
+def _attention_flops(op: FusedOp) -> int:
     p = op.param
     size = lambda ms: math.prod(op.size[m] for m in ms)  # noqa: E731
     batch = size(m for m in op.out_modes if m not in p["q"] and m not in p["f"])
@@ -277,7 +291,7 @@ def _attention_flops(op: "Op") -> int:
     return 2 * scores * (size(p["e"]) + size(p["f"])) + SOFTMAX_OPS_PER_SCORE * scores
 
 
-def _embedding(op: "Op", xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
+def _embedding(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     """Rows of table xs[0] (first dim: the vocabulary, never split) picked by indices xs[1]."""
     table, idx = xs[0], xs[1]
     return table.reshape(table.shape[0], -1)[idx.long()]

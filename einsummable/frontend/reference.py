@@ -9,12 +9,13 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..errors import EinsummableError, ShapeError
-from .ir import Constant, Graph, Op, TensorInfo
-from .einsum import flat_modes
-from .kernels import run_kernel
-from .scalar import FUNCTIONS, Expr, evaluate as eval_expr, reduce
 from ..core.geometry import Range, Region, region_shape
+from ..errors import EinsummableError, ShapeError
+from .einsum import flat_modes
+from .ir import Constant, Graph, Op, TensorInfo
+from .kernels import run_kernel
+from .scalar import FUNCTIONS, Expr, reduce
+from .scalar import evaluate as eval_expr
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

@@ -4,13 +4,29 @@
 """
 from einsummable.models.gpt2 import GPT2Block, GPT2Config
 from einsummable.models.init import init_weights
-from einsummable.models.llama import (Attention, FeedForward, LlamaBlock, LlamaConfig, LlamaStack,
-                                      RMSNorm, apply_rotary, llama_ffn_dim, precompute_rotary,
-                                      repeat_kv, rotate_half)
+from einsummable.models.llama import (
+                                      Attention,
+                                      FeedForward,
+                                      LlamaBlock,
+                                      LlamaConfig,
+                                      LlamaStack,
+                                      RMSNorm,
+                                      apply_rotary,
+                                      llama_ffn_dim,
+                                      precompute_rotary,
+                                      repeat_kv,
+                                      rotate_half,
+)
 from einsummable.models.mistral import MistralBlock, MistralConfig
 from einsummable.models.mlp import MLP, TwoLayerMLP
-from einsummable.models.presets import (PRESETS, build, list_presets, preset, preset_config,
-                                        scale_config)
+from einsummable.models.presets import (
+                                      PRESETS,
+                                      build,
+                                      list_presets,
+                                      preset,
+                                      preset_config,
+                                      scale_config,
+)
 
 __all__ = [
     "PRESETS", "preset", "preset_config", "list_presets", "scale_config", "build", "init_weights",

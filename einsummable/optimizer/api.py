@@ -15,10 +15,9 @@ from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
 from .model import Model, build_model, fixed_nodes
 from .named import STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
-from .pricing import EdgePricer
 from .objective import objective_s
+from .pricing import EdgePricer
 from .search import solve_model
-
 
 # A proved gap below this is float rounding in the sums (the objective re-added in another
 # order), not a missing proof: an optimal plan reports its objective as the bound, so the

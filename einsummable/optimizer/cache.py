@@ -11,7 +11,6 @@ from ..errors import EinsummableError
 from ..frontend.ir import Graph
 from ..planning.plan import Options, Plan
 
-
 # Part of every cache key: raise it whenever pricing changes which plan is optimal, so that
 # no cached plan of an older cost model is served (2: exchanges over the rails; weights sent
 # in one batch priced once).

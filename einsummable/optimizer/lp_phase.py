@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-import formulations as fm
 import numpy as np
+
+import formulations as fm
 from formulations.errors import SolveFailed
 from formulations.relax import Relaxation
 

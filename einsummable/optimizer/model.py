@@ -46,8 +46,8 @@ from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
 from ..planning.plan import Options, Plan
-from .memory import memory_rows
 from .memo import BuildMemo
+from .memory import memory_rows
 from .pricing import EdgeMatrix, EdgePricer
 from .ties import tie_groups
 
@@ -64,7 +64,7 @@ class EdgeTerm:
     tensor: str
     rows: tuple[int, ...]          # src candidate -> layout index
     cols: tuple[int, ...]          # dst candidate -> needs index
-    matrix: EdgeMatrix             # priced lazily (`solve_lazily`)
+    matrix: EdgeMatrix             # priced lazily (`search.solve_lazily`)
     kind: str = "data"             # "data" or "steady" (output fed back to the block input)
 
     def cost(self, a: int, b: int) -> EdgeCost:
@@ -163,7 +163,7 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         src = producer_key(graph, y)
         finish_specs.append((src, y))
 
-    # Edge cells are priced lazily (`solve_lazily`); the folds of unfed outputs, one per
+    # Edge cells are priced lazily (`search.solve_lazily`); the folds of unfed outputs, one per
     # layout, are priced now.
     keys = []
     for src, y in finish_specs:

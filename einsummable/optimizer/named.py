@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..planning.candidates import OpCandidates, TOKEN_ROLES
 from ..errors import PlanError
 from ..frontend.ir import Op
-from .model import EdgeTerm, Model
+from ..planning.candidates import TOKEN_ROLES, OpCandidates
 from ..planning.placement import INPUT_PREFIX
+from .model import EdgeTerm, Model
 
 STRATEGIES = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")
 STRATEGY_WEIGHTS = {"data-parallel": "free"}  # overrides of the weights option

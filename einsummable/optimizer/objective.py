@@ -124,7 +124,7 @@ def to_problem(model: Model, warm_start: Mapping[str, int] | None = None, *,
                exact: bool = True, unpriced_penalty: float = 0.0):
     """The generic pairwise-choice problem of `formulations` (module docstring). `exact`
     prices every edge cell first; else unpriced cells carry their lower bound (the form
-    `solve_lazily` solves) plus `unpriced_penalty` seconds (`solve_lazily`'s last solve under
+    `search.solve_lazily` solves) plus `unpriced_penalty` seconds (its last solve under
     a time limit, which keeps to priced cells)."""
     if exact:
         price_all(model)

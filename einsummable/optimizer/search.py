@@ -97,31 +97,33 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
     until it uses priced cells only. Then it is optimal for the exact costs as well: its cost
     is exact and every other choice costs at least its estimate. Each round's solver bound is
     a bound on the exact problem (estimates never exceed the costs), and each round prices at
-    least one new cell, so this ends. Where the bounds are loose (cross-node exchanges: the
-    cut bound lets every NIC carry its share, which the synthesis reaches only in part) rounds
-    could go on for long, so after `policy.lazy_rounds` solves every cell that could still be in a
-    plan no worse than the current one is priced (`hopeful_cells`), and the next solve is
-    exact. That happens after an earlier solve already when pricing those cells is predicted
-    (`EdgePricer.predict_s`) to take no longer than the solve did. Where it is predicted to
-    take longer than policy.lp_pricing_min_s, the LP relaxation goes first (`lp_pricing`, before the
-    first MIP solve given a warm start): it prices the cells its solution uses until that
-    uses priced cells only, for at most policy.lp_pricing_share of the predicted pricing time; its
+    least one new cell, so this ends.
+
+    Where the bounds are loose (cross-node exchanges: the cut bound lets every NIC carry its
+    share, which the synthesis reaches only in part) rounds could go on for long, so after
+    `policy.lazy_rounds` solves every cell that could still be in a plan no worse than the
+    current one is priced (`hopeful_cells`), and the next solve is exact. That happens after
+    an earlier solve already when pricing those cells is predicted (`EdgePricer.predict_s`)
+    to take no longer than the solve did. Where it is predicted to take longer than
+    `policy.lp_pricing_min_s`, the LP relaxation goes first (`lp_phase`, before the first MIP
+    solve given a warm start): it prices the cells its solution uses until that uses priced
+    cells only, for at most `policy.lp_pricing_share` of the predicted pricing time; its
     value is a bound, its rounding an incumbent, and its reduced costs bound every cell,
     which narrows the hopeful ones; cut short, or ending with its bound more than
-    policy.lp_tight_gap below its best plan, the hopeful cells it leaves are priced before the next
-    solve (on h100x8x2 llama-7b: 685 cells priced in 26 LP rounds, where about 25,600 were
-    hopeful).
+    `policy.lp_tight_gap` below its best plan, the hopeful cells it leaves are priced before
+    the next solve (on h100x8x2 llama-7b: 685 cells priced in 26 LP rounds, where about
+    25,600 were hopeful).
 
     `time_limit_s` bounds the whole loop, pricing included (the hopeful cells are priced
     lowest bound first until one more solve would not fit, and no solve starts with less than
-    `policy.min_solve_share` of the last one's time left). When the deadline cuts that pricing short,
-    or leaves room for one more solve only, the last solve keeps to priced cells (every
-    unpriced one costs more than the best exact plan, `unpriced_penalty`), so its answer is
-    a plan whose cost is exact; that solve's bound
-    is not one on the real problem and is not used. Out of time, the answer is the best plan
-    whose cost is exact (the warm start's, a round's solution once its cells are priced, or
-    that last solve's), with the best round bound as its bound: status "time_limit" and an
-    honest gap. `make_problem(warm_start, unpriced_penalty)` builds the problem."""
+    `policy.min_solve_share` of the last one's time left). When the deadline cuts that
+    pricing short, or leaves room for one more solve only, the last solve keeps to priced
+    cells (every unpriced one costs more than the best exact plan, `unpriced_penalty`), so
+    its answer is a plan whose cost is exact; that solve's bound is not one on the real
+    problem and is not used. Out of time, the answer is the best plan whose cost is exact
+    (the warm start's, a round's solution once its cells are priced, or that last solve's),
+    with the best round bound as its bound: status "time_limit" and an honest gap.
+    `make_problem(warm_start, unpriced_penalty)` builds the problem."""
     t0 = time.perf_counter()
     deadline = None if time_limit_s is None else t0 + time_limit_s
     warm = warm_start

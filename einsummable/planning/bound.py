@@ -5,9 +5,9 @@ on a two-node machine has tens of thousands of (layout, needs) pairs, almost non
 optimal plan uses. The optimizer therefore solves with this bound in place of every pair it has
 not priced, prices the pairs the solution uses, and re-solves until the solution uses only
 priced pairs; then it is optimal for the exact prices too (every other choice costs at least
-its bound). See `optimize.solve_lazily`.
+its bound). See `optimizer.search.solve_lazily`.
 
-The bound is a cut argument on the round model of `exchange.exchange_time`. For a device set X
+The bound is a cut argument on the round model of `timing.exchange_time`. For a device set X
 (every group of every topology level, singletons included), let B(X) be the bytes X needs that
 X does not hold: the volume of the union of X's needed boxes outside the boxes X holds in full
 (for partial results: the blocks of which X holds every slice; any other needed point must
@@ -34,10 +34,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.geometry import Region, intersect, subtract, volume
 from ..frontend.ir import DTYPE_BYTES
 from .placement import Piece
-from ..core.geometry import subtract, volume
-from ..core.geometry import Region, intersect
 
 Needs = Sequence[tuple[Region, int]]
 
@@ -201,7 +200,7 @@ def _own_copy_volume(needed: tuple[Region, ...], held: tuple[Region, ...]) -> tu
 
 def stitch_bound(held: Sequence[tuple[Region, ...]], needed: Sequence[tuple[Region, ...]],
                  elem_bytes: int, n_slices: int, topology) -> float:
-    """A bound on `exchange.stitch_time`: the busiest reader's copies of its own parts (one
+    """A bound on `timing.stitch_time`: the busiest reader's copies of its own parts (one
     kernel per need, each byte read and written). Full values only (partial results are
     stitched from folded chunks, which this does not follow: 0 there)."""
     if n_slices > 1:

@@ -19,7 +19,7 @@ minimises the time the simulator predicts (one model). Derate them (Meta's autop
 measures the rates of this machine instead.
 
 Exchange. The edge from a producer's candidate to a consumer's candidate costs
-`exchange.exchange_time(exchange.synthesize(...))`: the very transfers (and partial-sum folds)
+`timing.exchange_time(exchange.synthesize(...))`: the very transfers (and partial-sum folds)
 that lowering will emit, so the optimizer prices exactly what runs. Edge costs depend only on
 the producer's output layout and the consumer's needs, so they are memoised on those (and the
 tensor's shape, dtype and aggregation), which lets repeated blocks and equal layouts share one
@@ -31,15 +31,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..core.geometry import Region, region_shape
 from ..errors import PlanError
-
+from ..frontend.ir import DTYPE_BYTES, Graph, Op, TensorInfo
 from .exchange import synthesize
+from .placement import Candidate, Piece, input_needs
+from .spec import tuples
 from .timing import exchange_time, stitch_time
 from .transfers import MODES
-from ..frontend.ir import DTYPE_BYTES, Graph, Op, TensorInfo
-from .placement import Candidate, Piece, input_needs
-from ..core.geometry import Region, region_shape
-from .spec import tuples
 
 DEFAULT_FLOP_EFFICIENCY = 1.0
 DEFAULT_MEM_EFFICIENCY = 1.0

@@ -58,14 +58,20 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from ..core.geometry import (
+    Region,
+    contains,
+    contiguous_slice,
+    intersect,
+    subtract,
+    volume,
+)
 from ..errors import PlanError
 from ..frontend.ir import DTYPE_BYTES, TensorInfo
 from .placement import Piece
-from ..core.geometry import Region, contains, contiguous_slice, intersect, subtract, volume
 from .routes import RANK_REFERENCE_BYTES, routes_for
 from .timing import exchange_time
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
-
 
 # --------------------------------------------------------------------------- synthesis
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
+from ..core.geometry import Region
 from ..errors import PlanError
 from ..frontend.ir import Op, TensorInfo, make_op
 from ..frontend.scalar import arg
 from .spec import Decomposition, decompositions, is_legal, tuples
-from ..core.geometry import Region
 
 INPUT_PREFIX = "input:"
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
+from ..core.geometry import Range, Region, block_bounds
 from ..frontend.einsum import Dims
 from ..frontend.ir import Op
-from ..core.geometry import Range, Region, block_bounds
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,12 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from ...errors import PlanError, RuntimeFault
-from .local import RankState
 from ...core.program import Alloc, Free, Place, Recv, Send, Unpack, reads
-from ..lowering import Lowered
+from ...errors import PlanError, RuntimeFault
+from ...frontend.reference import check_inputs
+from ...planning.plan import Plan
+from ..lowering import Lowered, lower
+from .local import RankState
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
@@ -193,7 +195,7 @@ def threads_per_rank(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -284,7 +286,7 @@ class Pool:
     def start(self) -> "Pool":
         import torch.multiprocessing as mp
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self._results = ctx.Queue()
         with _worker_env():
             for r in range(self.world_size):
@@ -415,7 +417,6 @@ def run_dist(low: Lowered, inputs: Mapping[str, torch.Tensor], *, backend: str =
              world_size: int | None = None, pools: Pools | None = None,
              no_collectives: bool = False, fault: tuple[int, int] | None = None
              ) -> dict[str, torch.Tensor]:
-    from ...frontend.reference import check_inputs
     check_inputs(low.graph, inputs)
     n = low.world_size if world_size is None else world_size
     if n != low.world_size:
@@ -433,8 +434,6 @@ def _load_bundle(text: str) -> Lowered:
     d = json.loads(text)
     if "programs" in d:
         return Lowered.from_json(text)
-    from ...planning.plan import Plan
-    from ..lowering import lower
     return lower(Plan.from_json(text))
 
 

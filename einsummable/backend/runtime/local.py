@@ -9,12 +9,26 @@ from typing import Mapping
 
 import torch
 
+from ...core.program import (
+    Alloc,
+    Assemble,
+    Compute,
+    Const,
+    Free,
+    Output,
+    Pack,
+    Place,
+    Program,
+    Recv,
+    Reduce,
+    Send,
+    Slice,
+    Unpack,
+)
 from ...errors import RuntimeFault
 from ...frontend.reference import TORCH_DTYPES, check_inputs, evaluate_op, materialize
-from ...core.program import (Alloc, Assemble, Compute, Const, Free, Output, Pack, Place, Program,
-                             Recv, Reduce, Send, Slice, Unpack)
-from ..lowering import Lowered
 from ...frontend.scalar import combine
+from ..lowering import Lowered
 
 
 def _sl(reg) -> tuple[slice, ...]:

@@ -34,13 +34,28 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.geometry import contiguous_slice, region_shape
+from ...core.program import (
+    Alloc,
+    Assemble,
+    Compute,
+    Const,
+    Free,
+    Output,
+    Pack,
+    Place,
+    Recv,
+    Reduce,
+    Send,
+    Slice,
+    Unpack,
+    p2p_batches,
+    reads,
+)
+from ...errors import RuntimeFault
 from ...frontend.ir import DTYPE_BYTES
-from ...core.geometry import region_shape
-from ...core.program import (Alloc, Assemble, Compute, Const, Free, Output, Pack, Place, Recv,
-                             Reduce, Send, Slice, Unpack, p2p_batches, reads)
-from ...core.geometry import contiguous_slice
-from ..lowering import Lowered
-
+from ...topology import load_topology
+from ..lowering import Lowered, lower
 
 # A flow with less than this left is finished (float drift on integer byte counts).
 _DONE_BYTES = 1e-6
@@ -201,7 +216,6 @@ KERNELS = (Compute, Reduce, Assemble, Const)
 
 
 def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> SimResult:
-    from ...topology import load_topology
     topo = load_topology(topology)
     g = low.graph
     ops = {op.name: op for op in g.ops}
@@ -366,7 +380,6 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
             if t[r] > min(others + [net.next_done()]):
                 break
     if any(pc[r] < lengths[r] for r in range(n)):
-        from ...errors import RuntimeFault
         raise RuntimeFault(f"simulation deadlocked: ranks {sorted(blocked)} wait for messages",
                            fix="the programs are inconsistent; lower the plan again")
     return SimResult(max(t), tuple(t), tuple(compute), link_bytes, tuple(events))
@@ -378,6 +391,5 @@ def simulate(plan: Any, choice=None, topology=None, *, mode: str = "optimized") 
         if topology is None:
             raise ValueError("simulate(lowered, topology=...) needs the topology")
         return simulate_programs(plan, topology)
-    from ..lowering import lower
     topo = topology if choice is not None else plan.topology
     return simulate_programs(lower(plan, choice, topology, mode=mode), topo)

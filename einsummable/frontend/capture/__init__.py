@@ -30,11 +30,12 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ...errors import EinsummableError, UnsupportedOpError
+from ..fuse import fuse as fuse_graph
 from ..ir import Graph
+from . import contractions, fold, shapes  # noqa: F401  (they register their handlers)
 from .aten import IGNORED, TABLE, Ctx, supported_ops
 from .emit import Emitter
 from .values import TENSORISH, Folded, Lazy, SliceVal
-from . import fold, shapes  # noqa: F401  (shapes registers its handlers)
 
 __all__ = ["trace", "bind", "supported_ops"]
 
@@ -49,7 +50,6 @@ def trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
     graph = _trace(module, args, kwargs)
     if not fuse:
         return graph
-    from ..fuse import fuse as fuse_graph
     return fuse_graph(graph)
 
 

@@ -16,11 +16,21 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...errors import ShapeError, UnsupportedOpError
-from ..ir import Constant, Op, TensorInfo, validate_op
 from ..einsum import dims_shape
+from ..ir import Constant, Op, TensorInfo, validate_op
 from ..scalar import Expr, arg, const
 from . import fold
-from .values import (Folded, Lazy, Leaf, SliceVal, Value, View, fresh_view, reshape)
+from .values import (
+    Folded,
+    Lazy,
+    Leaf,
+    SliceVal,
+    Value,
+    View,
+    expand,
+    fresh_view,
+    reshape,
+)
 
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -264,7 +274,6 @@ class Emitter:
             v = self.add_constant((c.kind, c.values), f"{c.kind}_{'x'.join(map(str, shape))}",
                                   c, shape, dtype)
         if expand_to is not None:
-            from .values import expand
             v = expand(v, expand_to)
         return v
 

@@ -161,7 +161,7 @@ def scalar_of(f: Folded) -> float | None:
     return None
 
 
-def _is_causal(t: torch.Tensor) -> bool:
+def is_causal(t: torch.Tensor) -> bool:
     if t.ndim < 2 or not t.is_floating_point():
         return False
     q, k = t.shape[-2:]
@@ -174,7 +174,7 @@ def as_constant(f: Folded, source: str | None
                 ) -> tuple[Constant | torch.Tensor, tuple[int, ...], str, tuple[int, ...] | None]:
     """(constant or literal tensor, its stored shape, dtype, shape to broadcast it to)."""
     dtype = ir_dtype(f.dtype)
-    if f.kind == "causal" or (f.kind == "real" and _is_causal(f.tensor)):
+    if f.kind == "causal" or (f.kind == "real" and is_causal(f.tensor)):
         stored = tuple(f.shape[-2:])
         return Constant("causal_mask"), stored, dtype, (f.shape if f.shape != stored else None)
     if f.kind == "fill":

@@ -11,20 +11,16 @@ import math
 from typing import Any
 
 from . import values as V
-from .aten import aten, register
+from .aten import as_view, aten, register
 from .emit import linear_coef
 from .values import Lazy, SliceVal, View
 
-
 # ------------------------------------------------------------------------- views
-
-def _as_view(cx, x):
-    return cx.em.view(x)
 
 
 @register(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 def _reshape(cx, node, a, kw):
-    x = _as_view(cx, a[0])
+    x = as_view(cx, a[0])
     shape = V.resolve_shape(a[1], math.prod(x.shape))
     if tuple(shape) == tuple(x.shape):
         return x
@@ -43,12 +39,12 @@ def _unflatten(cx, node, a, kw):
 
 @register(aten.permute.default)
 def _permute(cx, node, a, kw):
-    return V.permute(_as_view(cx, a[0]), a[1])
+    return V.permute(as_view(cx, a[0]), a[1])
 
 
 @register(aten.transpose.int)
 def _transpose(cx, node, a, kw):
-    x = _as_view(cx, a[0])
+    x = as_view(cx, a[0])
     perm = list(range(len(x.shape)))
     i, j = a[1] % len(perm), a[2] % len(perm)
     perm[i], perm[j] = perm[j], perm[i]
@@ -57,19 +53,19 @@ def _transpose(cx, node, a, kw):
 
 @register(aten.t.default, aten.numpy_T.default)
 def _t(cx, node, a, kw):
-    x = _as_view(cx, a[0])
+    x = as_view(cx, a[0])
     return V.permute(x, list(range(len(x.shape)))[::-1])
 
 
 @register(aten.unsqueeze.default)
 def _unsqueeze(cx, node, a, kw):
-    return V.unsqueeze(_as_view(cx, a[0]), a[1])
+    return V.unsqueeze(as_view(cx, a[0]), a[1])
 
 
 @register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
 def _squeeze(cx, node, a, kw):
     ds = a[1] if len(a) > 1 else None
-    return V.squeeze(_as_view(cx, a[0]), [ds] if isinstance(ds, int) else ds)
+    return V.squeeze(as_view(cx, a[0]), [ds] if isinstance(ds, int) else ds)
 
 
 @register(aten.expand.default, aten.expand_as.default, aten.broadcast_to.default)
@@ -78,12 +74,12 @@ def _expand(cx, node, a, kw):
     shape = list(cx.shape)
     if isinstance(x, Lazy):  # broadcasting a pending expression costs nothing more later
         return Lazy(x.expr, x.leaves, tuple(shape), x.dtype)
-    return V.expand(_as_view(cx, x), shape)
+    return V.expand(as_view(cx, x), shape)
 
 
 @register(aten.repeat_interleave.self_int)
 def _repeat_interleave(cx, node, a, kw):
-    x = _as_view(cx, a[0])
+    x = as_view(cx, a[0])
     reps = a[1]
     dim = a[2] if len(a) > 2 else kw.get("dim")
     if dim is None:
@@ -98,7 +94,7 @@ def _repeat_interleave(cx, node, a, kw):
 
 @register(aten.repeat.default)
 def _repeat(cx, node, a, kw):
-    x = _as_view(cx, a[0])
+    x = as_view(cx, a[0])
     reps = list(a[1])
     lead = len(reps) - len(x.shape)
     for _ in range(lead):
@@ -116,7 +112,7 @@ def _repeat(cx, node, a, kw):
 # ------------------------------------------------------------------------- slices and cat
 
 def _slice_of(cx, x, dim, start, stop):
-    v = _as_view(cx, x)
+    v = as_view(cx, x)
     n = v.shape[dim]
     start = 0 if start is None else (start + n if start < 0 else start)
     stop = n if stop is None else (stop + n if stop < 0 else stop)
