@@ -1,5 +1,4 @@
 """Builder composites against the PyTorch functions they stand for."""
-import math
 
 import pytest
 import torch

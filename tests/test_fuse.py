@@ -15,25 +15,17 @@ from einsummable.frontend.fuse import fuse, fuse_attention, fuse_rms_norm
 from einsummable.models import preset
 from einsummable.models.llama_ir import llama_block_graph
 from einsummable.frontend.reference import evaluate, evaluate_op
-from helpers import evaluate_by_tuples
 from einsummable.planning.spec import decompositions
 
+from helpers import evaluate_by_tuples, inputs_for, max_rel_err
+
 TOL = 1e-5
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-6)).item()
-
-
-def _seeded(graph, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return {t.name: torch.randn(t.shape, generator=gen) for t in graph.inputs}
 
 
 def _same(g, f, ins):
     a, b = evaluate(g, ins), evaluate(f, ins)
     for name in g.outputs:
-        assert _rel(b[name], a[name]) <= TOL, name
+        assert max_rel_err(b[name], a[name]) <= TOL, name
 
 
 def _attention_graph(h=4, kvh=4, causal=True, mask=False, s=12):
@@ -55,7 +47,7 @@ def test_builder_attention_fuses_to_one_exact_op(h, kvh, causal, mask):
     op = f.ops[0]
     assert op.param["causal"] == (causal and not mask)  # the builder: a mask replaces causal
     assert len(op.inputs) == 3 + mask
-    _same(g, f, _seeded(g))
+    _same(g, f, inputs_for(g, 0))
     # batch, heads (and query groups) and queries split; keys, head width, value width do not
     assert set(op.param["q"]) <= op.splittable
     assert not (set(op.param["k"] + op.param["e"] + op.param["f"]) & op.splittable)
@@ -65,13 +57,13 @@ def test_builder_attention_fuses_to_one_exact_op(h, kvh, causal, mask):
 def test_fused_attention_decompositions_match_whole(causal, mask):
     g = fuse_attention(_attention_graph(4, 2, causal, mask))
     op = g.ops[0]
-    ins = _seeded(g, 1)
+    ins = inputs_for(g, 1)
     blocks = [ins[n] for n in op.inputs]
     whole = evaluate_op(op, blocks)
     decs = decompositions(op, 4)
     assert any(d.part.get(m, 1) > 1 for d in decs for m in op.param["q"])
     for dec in decs:
-        assert _rel(evaluate_by_tuples(op, dec, blocks), whole) <= TOL, dec
+        assert max_rel_err(evaluate_by_tuples(op, dec, blocks), whole) <= TOL, dec
 
 
 def test_llama_block_fuses_attention_and_norms():
@@ -95,7 +87,7 @@ def test_trace_fuses_by_default_and_not_with_fuse_false():
     ins = bind(g, m, (x,))
     _same(plain, g, ins)
     with torch.no_grad():
-        assert _rel(evaluate(g, ins)[g.outputs[0]], m(x)) <= TOL
+        assert max_rel_err(evaluate(g, ins)[g.outputs[0]], m(x)) <= TOL
 
 
 def test_no_fusion_when_an_intermediate_has_another_reader():
@@ -108,7 +100,7 @@ def test_no_fusion_when_an_intermediate_has_another_reader():
     g = trace(Probs(), (q, k, v))
     assert not any(op.fused == "attention" for op in g.ops)
     outs = evaluate(g, bind(g, Probs(), (q, k, v)))
-    assert _rel(outs[g.outputs[0]], Probs()(q, k, v)[0]) <= TOL
+    assert max_rel_err(outs[g.outputs[0]], Probs()(q, k, v)[0]) <= TOL
 
 
 def test_rms_norm_fusion_keeps_rows_splittable():
@@ -120,11 +112,11 @@ def test_rms_norm_fusion_keeps_rows_splittable():
     op = next(o for o in f.ops if o.fused == "rms_norm")
     assert op.splittable == frozenset(op.out_modes[:-1])
     assert len(f.ops) == len(g.ops) - 1
-    _same(g, f, _seeded(g))
-    ins = _seeded(g)
+    _same(g, f, inputs_for(g, 0))
+    ins = inputs_for(g, 0)
     for dec in decompositions(op, 3):
         blocks = [ins[n] for n in op.inputs]
-        assert _rel(evaluate_by_tuples(op, dec, blocks), evaluate_op(op, blocks)) <= TOL
+        assert max_rel_err(evaluate_by_tuples(op, dec, blocks), evaluate_op(op, blocks)) <= TOL
 
 
 def test_fusion_flops_are_the_two_matmuls_and_softmax():

@@ -1,5 +1,4 @@
 """The IR: einsum parsing, op validation, errors that name the op and the fix, JSON."""
-import math
 
 import pytest
 import torch

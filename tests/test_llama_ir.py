@@ -1,16 +1,13 @@
 """The builder's LLaMA block equals the nn.Module block for every preset at reduced width."""
 import pytest
-import torch
 
 import einsummable as es
 from einsummable.models import preset
 from einsummable.models.llama_ir import llama_block_graph
 
+from helpers import module_inputs
+
 PRESETS = ["llama-tiny", "llama-7b", "llama-13b", "llama-30b", "llama-65b", "llama3-8b"]
-
-
-def _inputs(module, x):
-    return {"x": x, **{k: v.detach() for k, v in module.named_parameters()}}
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -18,7 +15,7 @@ def test_ir_block_equals_module(name):
     width = None if name == "llama-tiny" else (0.25 if name == "llama3-8b" else 0.0625)
     module, (x,) = preset(name, batch=2, seq=12, width=width)
     g = llama_block_graph(module.config, 2, 12)
-    out = es.evaluate(g, _inputs(module, x))[g.outputs[0]]
+    out = es.evaluate(g, module_inputs(module, x))[g.outputs[0]]
     ref = module(x).detach()
     assert ((out - ref).norm() / ref.norm()).item() <= 1e-5
 
@@ -29,7 +26,7 @@ def test_ir_stack_equals_module_stack():
     names = {t.name for t in g.weights}
     params = dict(module.named_parameters())
     assert names == set(params), sorted(names ^ set(params))
-    out = es.evaluate(g, _inputs(module, x))[g.outputs[0]]
+    out = es.evaluate(g, module_inputs(module, x))[g.outputs[0]]
     ref = module(x).detach()
     assert ((out - ref).norm() / ref.norm()).item() <= 1e-5
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from einsummable.errors import EinsummableError, ShapeError, UnknownFunctionError
-from einsummable.models import (MLP, PRESETS, GPT2Block, GPT2Config, LlamaBlock, LlamaConfig,
+from einsummable.models import (MLP, PRESETS, GPT2Config, LlamaBlock, LlamaConfig,
                                 LlamaStack, MistralBlock, MistralConfig, TwoLayerMLP,
                                 list_presets, llama_ffn_dim, preset, preset_config)
 

@@ -1,7 +1,6 @@
 """Named strategies: plans in the same IR, never better than the optimizer."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 
@@ -14,6 +13,8 @@ from einsummable.optimizer.api import named_plan, plan_cost
 from einsummable.optimizer.model import build_model
 from einsummable.optimizer.search import solve_model
 from einsummable.planning.plan import Options
+
+from helpers import split_modes
 
 
 
@@ -40,23 +41,19 @@ def test_every_strategy_is_an_exact_plan_and_not_better_than_the_optimum(block):
         assert plan_cost(g, topo, plan.chosen, weights=w, steady_state=True) == plan.objective_s
 
 
-def _split(plan, op):
-    return {m for m, p in plan.candidate(op).parts if p > 1}
-
-
 def test_megatron_is_column_then_row_and_sp_splits_the_sequence(block):
     g, topo, model = block
     tp = named_plan(g, topo, "megatron-tp", steady_state=True, model=model)
     sp = named_plan(g, topo, "megatron-tp-sp", steady_state=True, model=model)
     mm = [op for op in g.ops if op.agg == "sum" and any(g.tensor(i).kind == "weight" for i in op.inputs)]
     wq, wo, w1, w2 = mm[0], mm[3], mm[4], mm[6]
-    assert _split(tp, wq.name) == {"h"}          # heads: column parallel
-    assert _split(tp, wo.name) == {"h"}          # contraction over heads: row parallel
-    assert _split(tp, w1.name) == {"f"} and _split(tp, w2.name) == {"f"}
+    assert split_modes(tp, wq.name) == {"h"}          # heads: column parallel
+    assert split_modes(tp, wo.name) == {"h"}          # contraction over heads: row parallel
+    assert split_modes(tp, w1.name) == {"f"} and split_modes(tp, w2.name) == {"f"}
     norm = g.ops[0]
-    assert _split(tp, norm.name) == set()        # replicated
+    assert split_modes(tp, norm.name) == set()        # replicated
     roles = model.roles.modes[norm.name]
-    assert {roles[m] for m in _split(sp, norm.name)} == {"seq"}
+    assert {roles[m] for m in split_modes(sp, norm.name)} == {"seq"}
 
 
 def test_data_parallel_and_ulysses(block):
@@ -64,11 +61,11 @@ def test_data_parallel_and_ulysses(block):
     dp = named_plan(g, topo, "fsdp", steady_state=True, model=model)
     for op in g.ops:
         roles = model.roles.modes[op.name]
-        assert {roles[m] for m in _split(dp, op.name)} <= {"batch", "seq"}, op.name
+        assert {roles[m] for m in split_modes(dp, op.name)} <= {"batch", "seq"}, op.name
     ul = named_plan(g, topo, "ulysses", steady_state=True, model=model)
     scores = next(op for op in g.ops if sum(model.roles.modes[op.name].get(m) == "seq"
                                             for m in op.modes if op.size[m] > 1) >= 2)
-    assert {model.roles.modes[scores.name][m] for m in _split(ul, scores.name)} == {"feature"}
+    assert {model.roles.modes[scores.name][m] for m in split_modes(ul, scores.name)} == {"feature"}
 
 
 def test_unknown_strategy():

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import random
-import sys
 import time
 
 import pytest
 
 import formulations as fm
 from einsummable.frontend.builder import Builder
-from einsummable.planning.candidates import OpCandidates, graph_candidates
+from einsummable.planning.candidates import graph_candidates
 from einsummable.optimizer.pricing import EdgePricer
 from einsummable.errors import PlanError
 from einsummable.planning.plan import Plan
@@ -29,50 +28,8 @@ from einsummable.optimizer.search import solve_model
 from einsummable.optimizer.ties import repeats
 from einsummable.planning.plan import Options
 
-EXHAUSTIVE_LIMIT = 4000
-
-
-def _random_graph(rng: random.Random):
-    """Up to 6 ops: matmuls, elementwise maps and reductions over small 2-D tensors."""
-    b = Builder("float16")
-    sizes = [4, 8, 16]
-    m, k = rng.choice(sizes), rng.choice(sizes)
-    x = b.input("x", (m, k))
-    live = [x]
-    n_ops = rng.randint(1, 6)
-    while len(b._ops) < n_ops:
-        kind = rng.choice(["matmul", "map", "add", "sum"])
-        t = rng.choice(live)
-        if kind == "matmul":
-            w = b.weight(f"w{len(b._ops)}", (t.shape[1], rng.choice(sizes)))
-            y = b.einsum("ij,jk->ik", t, w)
-        elif kind == "map":
-            y = t.relu()
-        elif kind == "add":
-            same = [u for u in live if u.shape == t.shape]
-            y = t + rng.choice(same)
-        else:
-            y = t.sum(1, keepdim=True) * 1.0 if t.shape[1] > 1 else t.relu()
-        live.append(y)
-    return b.build([live[-1]])
-
-
-def _truncate(nodes, rng: random.Random, budget: int):
-    """Keep a few candidates per node (always the same for a seed) so enumeration is small."""
-    keys = list(nodes)
-    per = max(1, int(budget ** (1 / max(1, len(keys)))))
-    out = {}
-    for k in keys:
-        oc = nodes[k]
-        idx = sorted(rng.sample(range(len(oc.cands)), min(len(oc.cands), max(2, per))))
-        out[k] = OpCandidates(k, oc.op, tuple(oc.cands[i] for i in idx),
-                              tuple(oc.level_parts[i] for i in idx))
-    return out
-
-
-TOPOLOGIES = [("synthetic2", lambda: synthetic(2)), ("synthetic4x2", lambda: synthetic(4, nodes=2)),
-              ("cpu4", lambda: load_topology("cpu4")), ("pcie4-numa", lambda: load_topology("pcie4-numa")),
-              ("synthetic8", lambda: synthetic(8)), ("dgx1-v100", lambda: load_topology("dgx1-v100"))]
+from helpers import (EXHAUSTIVE_LIMIT, TOPOLOGIES, exhaustive_best, mlp, small_random_graph,
+                     split_modes, truncate_candidates)
 
 
 def test_mip_equals_exhaustive_on_200_random_graphs():
@@ -81,12 +38,12 @@ def test_mip_equals_exhaustive_on_200_random_graphs():
     checked = 0
     for trial in range(200):
         name, topo = topos[trial % len(topos)]
-        g = _random_graph(rng)
+        g = small_random_graph(rng)
         opts = Options(weights=rng.choice(["sharded", "free"]),
                          steady_state=rng.random() < 0.3 and any(
                              g.tensor(y).shape == g.tensor("x").shape for y in g.outputs),
                          overlap=False)  # the plain sum is the pairwise problem itself
-        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
+        nodes = truncate_candidates(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
         model = build_model(g, topo, opts, nodes)
         lazy = solve_model(model)  # prices lazily: only the cells its solutions use
         problem = to_problem(model)  # every cell priced
@@ -107,23 +64,10 @@ def _random_models(seed: int, trials: int):
     topos = [(n, f()) for n, f in TOPOLOGIES]
     for trial in range(trials):
         name, topo = topos[trial % len(topos)]
-        g = _random_graph(rng)
+        g = small_random_graph(rng)
         opts = Options(weights="sharded", steady_state=False, overlap=trial % 2 == 0)
-        nodes = _truncate(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
+        nodes = truncate_candidates(graph_candidates(g, topo, weights=opts.weights), rng, EXHAUSTIVE_LIMIT)
         yield trial, name, build_model(g, topo, opts, nodes)
-
-
-def _exhaustive_best(model, keep=lambda choice: True) -> float:
-    """The least exact objective over every feasible choice that `keep` accepts."""
-    import itertools
-    keys = list(model.nodes)
-    problem = to_problem(model)
-    best = float("inf")
-    for combo in itertools.product(*(range(len(model.nodes[k].cands)) for k in keys)):
-        choice = dict(zip(keys, combo))
-        if not fm.violations(problem, choice) and keep(choice):
-            best = min(best, objective_s(model, choice))
-    return best
 
 
 def test_lazy_pricing_after_its_rounds_prices_only_hopeful_cells_and_stays_exact(monkeypatch):
@@ -135,7 +79,7 @@ def test_lazy_pricing_after_its_rounds_prices_only_hopeful_cells_and_stays_exact
         lazy = solve_model(model, policy=policy)
         left_unpriced += sum(not e.matrix.priced(r, s) for e in model.edges
                              for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1]))
-        best = _exhaustive_best(model)
+        best = exhaustive_best(model)
         assert lazy.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
     assert left_unpriced > 0  # some cells never needed a synthesis
 
@@ -161,8 +105,8 @@ def test_last_solve_under_a_cut_short_time_limit_keeps_to_priced_cells(monkeypat
                   for s in range(e.matrix.shape[1]) if e.matrix.priced(r, s)}
         assert all(e.matrix.short(*e.cell(sol.assignment)) in priced for e in model.edges)
         assert sol.objective == pytest.approx(objective_s(model, sol.assignment), rel=1e-9)
-        best_all = _exhaustive_best(model)
-        best_priced = _exhaustive_best(model, lambda choice: all(
+        best_all = exhaustive_best(model)
+        best_priced = exhaustive_best(model, lambda choice: all(
             e.matrix.short(*e.cell(choice)) in priced for e in model.edges))
         assert sol.bound <= best_all * (1 + 1e-9), (trial, name)
         if sol.status == "time_limit":
@@ -203,7 +147,7 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
     for trial, name, model in _random_models(5, 40):
         calls.clear()
         sol = solve_model(model, policy=policy)
-        best = _exhaustive_best(model)
+        best = exhaustive_best(model)
         assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-15), (trial, name)
         for got in calls:
             if got is not None:
@@ -213,30 +157,16 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
     assert max(rounds) > 1  # and priced and re-solved on some
 
 
-def _mlp(tokens, d=4096, f=16384):
-    b = Builder("float16")
-    x = b.input("x", (tokens, d))
-    w1 = b.weight("w1", (d, f))
-    w2 = b.weight("w2", (f, d))
-    h = b.einsum("td,df->tf", x, w1, name="up").relu()
-    y = b.einsum("tf,fd->td", h, w2, name="down")
-    return b.build([y])
-
-
-def _split(plan, key):
-    return {m for m, p in plan.candidate(key).parts if p > 1}
-
-
 def test_few_tokens_rediscover_megatron_column_then_row(tmp_path):
-    plan = optimize(_mlp(64), "a100x8", steady_state=True, cache=tmp_path)
-    assert _split(plan, "up") == {"f"}        # column parallel: the weight's output features
-    assert _split(plan, "down") == {"f"}      # row parallel: the contraction, partial sums
+    plan = optimize(mlp(64), "a100x8", steady_state=True, cache=tmp_path)
+    assert split_modes(plan, "up") == {"f"}        # column parallel: the weight's output features
+    assert split_modes(plan, "down") == {"f"}      # row parallel: the contraction, partial sums
     assert plan.gap == pytest.approx(0.0, abs=1e-9)
 
 
 def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
-    plan = optimize(_mlp(65536), "a100x8", cache=tmp_path)
-    assert _split(plan, "up") == {"t"} and _split(plan, "down") == {"t"}
+    plan = optimize(mlp(65536), "a100x8", cache=tmp_path)
+    assert split_modes(plan, "up") == {"t"} and split_modes(plan, "down") == {"t"}
     # weights stay stored once (sharded) and are gathered by the ops: FSDP-like
     for w in ("w1", "w2"):
         cand = plan.layout_of_input(w)
@@ -288,7 +218,7 @@ def _bytes_inside_and_across(g, topo, plan, steady_state: bool) -> tuple[int, in
 
 def test_traffic_stays_inside_nodes_on_two_nodes(tmp_path):
     topo = synthetic(8, nodes=2)
-    g = _mlp(4096, d=1024, f=4096)
+    g = mlp(4096, d=1024, f=4096)
     plan = optimize(g, topo, steady_state=True, cache=tmp_path)
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
@@ -298,7 +228,7 @@ def test_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
     # The real two-node machine (InfiniBand at 1/9 of NVSwitch per GPU), a small MLP so it
     # solves in seconds: the heavy traffic is inside the nodes.
     topo = load_topology("h100x8x2")
-    g = _mlp(4096, d=1024, f=4096)
+    g = mlp(4096, d=1024, f=4096)
     plan = optimize(g, topo, steady_state=True, cache=tmp_path)
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
@@ -308,7 +238,7 @@ def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
     # 0.2 s is far below the search (pricing this model's cells takes seconds): the answer is
     # a plan whose objective is its exact cost, under a finite bound the full search respects.
     topo = load_topology("h100x8x2")
-    g = _mlp(4096, d=1024, f=4096)
+    g = mlp(4096, d=1024, f=4096)
     quick = optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
     assert quick.origin.status == "time_limit"
     assert quick.objective_s == pytest.approx(
@@ -321,7 +251,7 @@ def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
 
 def test_pricing_stops_at_its_deadline():
     topo = load_topology("h100x8x2")
-    model = build_model(_mlp(4096, d=1024, f=4096), topo, Options("sharded", True))
+    model = build_model(mlp(4096, d=1024, f=4096), topo, Options("sharded", True))
     cells = [e.matrix.short(r, s) for e in model.edges
              for r in range(e.matrix.shape[0]) for s in range(e.matrix.shape[1])]
     todo = [c for c in dict.fromkeys(cells) if model.pricer.known_short(c) is None]
@@ -334,7 +264,7 @@ def test_pricing_stops_at_its_deadline():
 
 def test_pricing_time_is_predicted_from_what_was_priced():
     topo = load_topology("h100x8x2")
-    model = build_model(_mlp(4096, d=1024, f=4096), topo, Options("sharded", True))
+    model = build_model(mlp(4096, d=1024, f=4096), topo, Options("sharded", True))
     pricer = model.pricer
     pricer.workers = 2
     spent = pricer.spent_pairs
@@ -365,7 +295,7 @@ def test_llama7b_block_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
 
 
 def test_objective_is_plan_cost_and_json_round_trips(tmp_path):
-    g = _mlp(256, d=512, f=1024)
+    g = mlp(256, d=512, f=1024)
     topo = load_topology("a100x8")
     plan = optimize(g, topo, steady_state=True, cache=False)
     assert plan_cost(g, topo, plan.chosen, steady_state=True) == plan.objective_s
@@ -378,7 +308,7 @@ def test_objective_is_plan_cost_and_json_round_trips(tmp_path):
 
 
 def test_cache_hits_and_survives_corruption(tmp_path):
-    g = _mlp(128, d=256, f=512)
+    g = mlp(128, d=256, f=512)
     p1 = optimize(g, "a100x8", cache=tmp_path)
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
@@ -405,7 +335,7 @@ def test_repeated_blocks_are_tied():
 
 
 def test_bad_options_and_choices_raise():
-    g = _mlp(64, d=256, f=512)
+    g = mlp(64, d=256, f=512)
     with pytest.raises(PlanError):
         Options(weights="replicated")
     with pytest.raises(PlanError):
@@ -415,7 +345,7 @@ def test_bad_options_and_choices_raise():
 def test_memory_limit_reports_min_capacity():
     from einsummable.errors import InfeasibleError
     topo = synthetic(2, mem_bytes=1e6)
-    g = _mlp(256, d=512, f=2048)
+    g = mlp(256, d=512, f=2048)
     with pytest.raises(InfeasibleError) as e:
         optimize(g, topo, cache=False)
     assert e.value.min_capacity and e.value.min_capacity > 1e6

@@ -3,7 +3,6 @@ slower than naive on the DGX-1 cube mesh."""
 from __future__ import annotations
 
 import random
-import sys
 
 import pytest
 
@@ -14,9 +13,9 @@ from einsummable.planning.placement import INPUT_PREFIX, input_op, place
 from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.topology import load_topology, synthetic
 
-from test_lower_local import random_choice, random_graph, TOPOS
-
 import einsummable.backend.runtime.simulator as S
+
+from helpers import random_choice, random_graph
 
 
 def matmul_graph(n=256):
@@ -62,17 +61,39 @@ def test_one_transfer_is_latency_plus_bytes_over_bw():
     assert res.link_bytes == {(0, 1): nbytes, (1, 0): nbytes}
 
 
-def test_flows_on_one_resource_share_its_bandwidth():
-    # Rank 0 sends x to ranks 1..3 over per-device NICs of a 2-node synthetic: nic0.0 is shared.
+def _halves_over_the_nics(senders, readers, rows=512):
+    """x (rows x 512 fp32) in two row halves on `senders`, y = 2x split the same way on
+    `readers` of the other node of synthetic(4, nodes=2); naive exchange: each half goes
+    straight from its owner to its reader over the owner's NIC. Returns the simulated time
+    at which each reader's compute could start (its half arrived), minus the p2p launch and
+    the link latency: the seconds the half spent on the wire."""
     b = Builder()
-    x = b.input("x", (512, 512))
-    y = b.map(arg(0) * 2.0, x)
-    g = b.build([y])
-    topo = synthetic(2, nodes=2)
-    ch = {g.ops[0].name: place(g.ops[0], {}, [1]),
-          INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {}, [0])}
-    one = simulate(g, ch, topo).time_s
-    assert one > g.tensor("x").nbytes / topo.link(0, 1).bw
+    x = b.input("x", (rows, 512))
+    g = b.build([b.map(arg(0) * 2.0, x)])
+    op = g.ops[0]
+    topo = synthetic(4, nodes=2)
+    ch = {op.name: place(op, {op.modes[0]: len(readers)}, list(readers)),
+          INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {"a": len(senders)}, list(senders))}
+    res = simulate_programs(lower(g, ch, topo, mode="naive"), topo, trace=True)
+    link = topo.link(0, 2)
+    fixed = topo.devices[0].launch_s + link.latency_s
+    return {e[0]: e[4] - fixed for e in res.trace if e[2] == "Compute"}, \
+        g.tensor("x").nbytes / len(senders) / link.bw
+
+
+def test_flows_on_one_resource_share_its_bandwidth():
+    # Node 0 = ranks 0, 1 (NICs nic0.0, nic0.1), node 1 = ranks 2, 3. Two equal halves that
+    # both leave rank 0 (to ranks 2 and 3) share nic0.0: each gets half its bandwidth and both
+    # arrive after twice one half's wire time. Halves leaving ranks 0 and 1 use separate NICs
+    # and arrive after one wire time, as a half sent alone does.
+    shared, wire = _halves_over_the_nics([0, 0], [2, 3])
+    apart, _ = _halves_over_the_nics([0, 1], [2, 3])
+    alone, _ = _halves_over_the_nics([0, 1], [2, 1])  # rank 1 keeps its half: one flow
+    assert sorted(shared) == sorted(apart) == [2, 3]
+    assert shared[2] == pytest.approx(2 * wire, rel=1e-6)
+    assert shared[3] == pytest.approx(2 * wire, rel=1e-6)
+    assert apart[2] == pytest.approx(wire, rel=1e-6) and apart[3] == pytest.approx(wire, rel=1e-6)
+    assert alone[2] == pytest.approx(wire, rel=1e-6)
 
 
 def test_random_plans_simulate_in_both_modes_on_dgx1():

@@ -7,13 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 import einsummable as es
 from einsummable.frontend.reference import evaluate
-from helpers import evaluate_by_tuples
+from helpers import WORLD_SIZES, evaluate_by_tuples
 from einsummable.frontend.scalar import arg, call
 from einsummable.core.geometry import block_bounds
 from einsummable.planning.spec import decompositions, n_partials, output_blocks, tuples
-
-WORLD_SIZES = (1, 2, 3, 4, 6, 8)
-
 
 def _check_all_decompositions(graph, inputs, ns=WORLD_SIZES):
     env = evaluate(graph, inputs, keep_all=True)
@@ -53,12 +50,15 @@ def test_count_matches_closed_form(k, j):
     x = b.input("x", (8,) * k)
     g = b.build([x.exp()])
     op = g.ops[0]
+    assert op.modes == tuple(letters)  # k modes, named a.. by the builder
     exact = decompositions(op, n, replication=False)
     assert len(exact) == math.comb(j + k - 1, k - 1)
+    # exact: the parts of every mode multiply to n (each of the n devices gets one tuple)
+    assert all(math.prod(d.part[m] for m in letters) == n for d in exact)
     with_rep = decompositions(op, n)
     assert len(with_rep) == sum(math.comb(i + k - 1, k - 1) for i in range(j + 1))
     assert len({d.parts for d in with_rep}) == len(with_rep)
-    assert letters  # modes named a.. by the builder
+    assert all(n % math.prod(d.part[m] for m in letters) == 0 for d in with_rep)
 
 
 def test_matmul_decompositions_include_every_split():
