@@ -2,10 +2,12 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Mapping
 
+from ..errors import PlanError
 from ..frontend.ir import Graph
 from ..planning.candidates import graph_candidates
 from ..planning.cost import CostModel
@@ -25,12 +27,28 @@ from .search import solve_model
 ROUNDING_GAP = 1e-12
 
 
-def _options(weights: str, steady_state: bool, cost_model: CostModel | None,
-             exchange_mode: str, overlap: bool = True) -> Options:
-    cm = cost_model or CostModel()
-    if exchange_mode != cm.exchange_mode:
-        cm = CostModel(cm.flop_efficiency, cm.mem_efficiency, exchange_mode)
-    return Options(weights, steady_state, cm, overlap)
+def resolve_options(options: Options | None = None, *, weights: str | None = None,
+                    steady_state: bool | None = None, cost_model: CostModel | None = None,
+                    exchange_mode: str | None = None, overlap: bool | None = None) -> Options:
+    """`options` (default `Options()`) with each keyword that is given in place of its field.
+    The keywords are shortcuts for the fields, so one that contradicts `options`, or
+    `exchange_mode` that contradicts `cost_model`, is an error rather than a silent choice."""
+    base = options or Options()
+    if cost_model is not None and exchange_mode is not None \
+            and cost_model.exchange_mode != exchange_mode:
+        raise PlanError(f"exchange_mode={exchange_mode!r} contradicts cost_model.exchange_mode="
+                        f"{cost_model.exchange_mode!r}", fix="give the mode in one place")
+    cost = cost_model or base.cost
+    if exchange_mode is not None:
+        cost = dataclasses.replace(cost, exchange_mode=exchange_mode)
+    given = {"weights": weights, "steady_state": steady_state, "cost": cost, "overlap": overlap}
+    given = {k: v for k, v in given.items() if v is not None}
+    if options is not None:
+        for k, v in given.items():
+            if v != getattr(options, k):
+                raise PlanError(f"{k}={v!r} contradicts options.{k}={getattr(options, k)!r}",
+                                fix="pass the options once: in Options, or as keywords")
+    return dataclasses.replace(base, **given)
 
 
 def _plan(model: Model, assignment: Mapping[str, int], objective: float, bound, gap,
@@ -48,25 +66,32 @@ def candidates(graph: Graph, topology, weights: str = "sharded") -> dict[str, li
 
 
 def plan_cost(graph: Graph, topology, choice: Mapping[str, Candidate | int], *,
-              weights: str = "sharded", steady_state: bool = False,
-              cost_model: CostModel | None = None, exchange_mode: str = "optimized",
-              overlap: bool = True) -> float:
+              options: Options | None = None, weights: str | None = None,
+              steady_state: bool | None = None, cost_model: CostModel | None = None,
+              exchange_mode: str | None = None, overlap: bool | None = None) -> float:
     """The objective (seconds) of one candidate per node, exactly as the MIP scores it."""
     topology = load_topology(topology)
-    options = _options(weights, steady_state, cost_model, exchange_mode, overlap)
+    options = resolve_options(options, weights=weights, steady_state=steady_state,
+                              cost_model=cost_model, exchange_mode=exchange_mode,
+                              overlap=overlap)
     model = build_model(graph, topology, options, fixed_nodes(graph, topology, options, choice))
     return objective_s(model, {k: 0 for k in model.nodes})
 
 
-def named_plan(graph: Graph, topology, name: str, *, weights: str = "sharded",
-               steady_state: bool = False, cost_model: CostModel | None = None,
-               exchange_mode: str = "optimized", model: Model | None = None,
-               overlap: bool = True) -> Plan:
-    """The named strategy as a Plan in the same IR, priced on the same cost model."""
+def named_plan(graph: Graph, topology, name: str, *, options: Options | None = None,
+               weights: str | None = None, steady_state: bool | None = None,
+               cost_model: CostModel | None = None, exchange_mode: str | None = None,
+               overlap: bool | None = None, model: Model | None = None) -> Plan:
+    """The named strategy as a Plan in the same IR, priced on the same cost model (weights
+    "free" for data parallel, whose replicas are not stored once; `named.STRATEGY_WEIGHTS`).
+    `model`: a model of these options to reuse (one is built when it is of other options)."""
     check_strategy(name)
     topology = load_topology(topology)
-    options = _options(STRATEGY_WEIGHTS.get(name, weights), steady_state, cost_model,
-                       exchange_mode, overlap)
+    options = resolve_options(options, weights=weights, steady_state=steady_state,
+                              cost_model=cost_model, exchange_mode=exchange_mode,
+                              overlap=overlap)
+    options = dataclasses.replace(options,
+                                  weights=STRATEGY_WEIGHTS.get(name, options.weights))
     if model is None or model.options != options:
         model = build_model(graph, topology, options)
     assignment, inexact = named_assignment(model, name)
@@ -75,11 +100,15 @@ def named_plan(graph: Graph, topology, name: str, *, weights: str = "sharded",
 
 
 def optimize(graph: Graph, topology, time_limit_s: float | None = None,
-             weights: str = "sharded", steady_state: bool = False, *, solver: str = "highs",
+             weights: str | None = None, steady_state: bool | None = None, *,
+             options: Options | None = None, solver: str = "highs",
              cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
-             exchange_mode: str = "optimized", warm_start: bool = True,
-             pricer: EdgePricer | None = None, overlap: bool = True) -> Plan:
+             exchange_mode: str | None = None, warm_start: bool = True,
+             pricer: EdgePricer | None = None, overlap: bool | None = None) -> Plan:
     """The MIP-optimal Plan for `graph` on `topology` (`model.py` states the MIP).
+
+    options: what defines the model (`Options`: weights, steady_state, cost model, overlap);
+    the keywords of the same names are shortcuts for its fields (`resolve_options`).
 
     time_limit_s: wall seconds for the whole search, model build and pricing included; when
     it runs out the best plan found is returned with its bound and gap (status "time_limit").
@@ -90,7 +119,9 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     """
     t0 = time.perf_counter()
     topology = load_topology(topology)
-    options = _options(weights, steady_state, cost_model, exchange_mode, overlap)
+    options = resolve_options(options, weights=weights, steady_state=steady_state,
+                              cost_model=cost_model, exchange_mode=exchange_mode,
+                              overlap=overlap)
     path = None
     if cache:
         d = cache_dir(None if cache is True else cache)

@@ -58,9 +58,7 @@ def explain(plan: Plan, strategies: bool = True) -> str:
     totals: dict[str, float] = {}
     if strategies:
         for name in STRATEGIES:
-            sp = named_plan(graph, topology, name, weights=options.weights,
-                            steady_state=options.steady_state, cost_model=options.cost,
-                            overlap=options.overlap)
+            sp = named_plan(graph, topology, name, options=options)
             others[name] = {k: v.total_s for k, v in plan_costs(sp).items()}
             totals[name] = sp.objective_s
     stopped = isinstance(plan.origin, Solved) and plan.origin.status == "time_limit"
