@@ -2,21 +2,17 @@
 
 Compute. A candidate runs its tuples; device d runs those placed on it one after another. A
 tuple t with F_t FLOP touching B_t bytes (its input regions read, its output block written) is
-one kernel call:
+one kernel call, priced by `kernel_time.kernel_time` (the simulator prices its kernels with
+the same function):
 
-    flop_s(t)   = F_t / (peak(dtype) * flop_efficiency)
-    memory_s(t) = B_t / (mem_bw * mem_efficiency)
-    kernel_s(t) = max(flop_s(t), memory_s(t)) + launch_s               (roofline + launch)
+    kernel_s(t) = launch + max(flop_s(t), memory_s(t))                (roofline + launch)
     compute(c)  = max_d  sum_{t on d} kernel_s(t)                      (slowest device)
 
 F_t is the op's FLOP count scaled by the tuple's share of the join space. Views (reshape,
-permute, squeeze) cost nothing: they relabel a block. `flop_efficiency` is the fraction of
-peak a well-shaped kernel sustains; it is a named parameter of the device (attribute
-`flop_efficiency` when the topology gives one, else `CostModel.flop_efficiency`); likewise
-`mem_efficiency` for HBM. Both default to 1: the simulator's roofline, so that the optimizer
-minimises the time the simulator predicts (one model). Derate them (Meta's autoparallel uses
-70 % of peak) to plan for kernels that fall short of the datasheet; `einsummable calibrate`
-measures the rates of this machine instead.
+permute, squeeze) cost nothing: they relabel a block. The rates are what the device achieves
+(`topology/achieved.py`: by op class and call size; the datasheet unless the topology says
+otherwise); `CostModel.flop_efficiency` and `mem_efficiency` derate every device on top (Meta's
+autoparallel uses 70 % of peak), for what-if questions.
 
 Exchange. The edge from a producer's candidate to a consumer's candidate costs
 `timing.exchange_time(exchange.synthesize(...))`: the very transfers (and partial-sum folds)
@@ -35,6 +31,7 @@ from ..core.geometry import Region, region_shape
 from ..errors import PlanError
 from ..frontend.ir import DTYPE_BYTES, Graph, Op, TensorInfo
 from .exchange import synthesize
+from .kernel_time import kernel_time
 from .placement import Candidate, Piece, input_needs
 from .spec import tuples
 from .timing import exchange_time, stitch_time
@@ -108,14 +105,6 @@ class EdgeCost:
 ZERO_EDGE = EdgeCost(0.0, 0, 0)
 
 
-def flop_efficiency(device, model: CostModel) -> float:
-    return getattr(device, "flop_efficiency", None) or model.flop_efficiency
-
-
-def mem_efficiency(device, model: CostModel) -> float:
-    return getattr(device, "mem_efficiency", None) or model.mem_efficiency
-
-
 def _region_bytes(reg: Region, dtype: str) -> int:
     return math.prod(region_shape(reg)) * DTYPE_BYTES[dtype]
 
@@ -135,15 +124,13 @@ def compute_cost(op: Op, cand: Candidate, graph: Graph, topology,
         nbytes = sum(_region_bytes(r, d) for r, d in zip(t.in_regions, in_dtypes))
         nbytes += _region_bytes(t.out_region, out_dtype)
         for d in devs:
-            dev = topology.devices[d]
-            peak = dev.peak(out_dtype if out_dtype in dev.peak_flops else "float32")
-            f = flops / (peak * flop_efficiency(dev, model))
-            m = nbytes / (dev.mem_bw * mem_efficiency(dev, model))
+            kt = kernel_time(op, flops, nbytes, out_dtype, topology.devices[d],
+                             model.flop_efficiency, model.mem_efficiency)
             acc = per_dev.setdefault(d, [0.0, 0.0, 0.0, 0.0, 0])
-            acc[0] += f
-            acc[1] += m
-            acc[2] += dev.launch_s
-            acc[3] += max(f, m) + dev.launch_s
+            acc[0] += kt.flop_s
+            acc[1] += kt.memory_s
+            acc[2] += kt.launch_s
+            acc[3] += kt.total_s
             acc[4] += 1
     worst = max(per_dev.values(), key=lambda a: (a[3], -a[4]))
     return ComputeCost(worst[0], worst[1], worst[2], worst[3], int(worst[4]))
@@ -193,7 +180,6 @@ def needs_bytes(needs: Needs, dtype: str, n_devices: int) -> tuple[int, ...]:
 
 def compute_floor(graph: Graph, topology, model: CostModel = CostModel()) -> float:
     """FLOPs / (devices x peak x efficiency): no plan's FLOP time is below this."""
-    dev = topology.devices[0]
     dtype = graph.tensors[0].dtype if graph.tensors else "float32"
-    peak = topology.peak(dtype) * flop_efficiency(dev, model)
+    peak = topology.peak(dtype) * model.flop_efficiency
     return graph.flops / (topology.world_size * peak)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from .kernel_time import copy_s, memory_s
 from .transfers import Exchange
 
 
@@ -93,7 +94,7 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
         dev = topology.devices[r.device]
         bytes_touched = (r.n_inputs + 1) * r.nbytes  # read every input, write the result
         per_dev = reduce_s.setdefault(r.round, {})
-        per_dev[r.device] = per_dev.get(r.device, 0.0) + bytes_touched / dev.mem_bw
+        per_dev[r.device] = per_dev.get(r.device, 0.0) + memory_s(dev, bytes_touched)
     total = 0.0
     for rnd in sorted(set(by_round) | set(reduce_s)):
         ld, bb = load.get(rnd, {}), bw.get(rnd, {})
@@ -123,6 +124,6 @@ def message_time(routes, topology) -> float:
 def stitch_time(ex: Exchange, topology) -> float:
     """Seconds the busiest reader spends stitching after the last round (a kernel per need,
     every copied byte read and written): device work, not link time."""
-    return max((k * topology.devices[d].launch_s + 2 * nbytes / topology.devices[d].mem_bw
+    return max((copy_s(topology.devices[d], 2 * nbytes, k)
                 for d, nbytes, k in ex.copies), default=0.0)
 

@@ -18,6 +18,7 @@ from typing import Any
 import networkx as nx
 
 from ..errors import TopologyError
+from .achieved import Achieved
 from .checks import check_structure
 from .routing import link_graph, shortest_routes
 from .units import DTYPES, canonical_dtype
@@ -50,6 +51,8 @@ class Device:
     # negligible beside the latency for NCCL). Lowering packs small blocks for one peer into
     # one message where this exceeds the copy (`coalesce.py`).
     message_s: float = 0.0
+    # What the device achieves of the figures above, by kind of work (`achieved.py`).
+    achieved: Achieved = field(default_factory=Achieved)
 
     def __post_init__(self) -> None:
         # Own a private copy so that the caller's dict cannot change a frozen device.
@@ -57,7 +60,8 @@ class Device:
 
     def __hash__(self) -> int:  # peak_flops is a dict: hash its items
         return hash((self.id, self.name, self.node, tuple(sorted(self.peak_flops.items())),
-                     self.mem_bw, self.mem_bytes, self.launch_s, self.message_s))
+                     self.mem_bw, self.mem_bytes, self.launch_s, self.message_s,
+                     self.achieved))
 
     def peak(self, dtype: Any) -> float:
         return self.peak_flops[canonical_dtype(dtype)]
@@ -307,7 +311,9 @@ class Topology:
         devices = [{"id": d.id, "name": d.name, "node": d.node,
                     "peak_flops": {k: d.peak_flops[k] for k in DTYPES},
                     "mem_bw": d.mem_bw, "mem_bytes": d.mem_bytes, "launch": d.launch_s,
-                    **({"message": d.message_s} if d.message_s else {})}
+                    **({"message": d.message_s} if d.message_s else {}),
+                    **({"achieved": d.achieved.to_dict()} if not d.achieved.is_datasheet
+                       else {})}
                    for d in self.devices]
         links: list[dict] = []
         lmap = self._by_pair

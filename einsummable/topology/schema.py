@@ -20,6 +20,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from ..errors import TopologyError
+from .achieved import DATASHEET, Achieved, Curve
 from .units import DTYPES, LINK_KINDS, QUANTITY_KINDS, parse_quantity
 
 PAIR_SELECTORS: tuple[str, ...] = ("all", "within_node", "across_nodes", "rails", "unlinked")
@@ -133,7 +134,43 @@ def _groups(value: Any) -> str | tuple[tuple[int, ...], ...]:
                    f"got {value!r}", "write groups: [[0, 1], [2, 3]]")
 
 
+def _fraction(value: Any, *, low_open: bool = True) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        0 < value <= 1 if low_open else 0 <= value < 1)
+    if not ok:
+        span = "(0, 1]" if low_open else "[0, 1)"
+        raise _problem(f"expected a fraction in {span}, got {value!r}",
+                       "write e.g. 0.8 (of the datasheet figure)")
+    return float(value)
+
+
+def _curve(value: Any) -> Curve:
+    """A fraction of peak, or [[FLOPs per call, fraction], ...] with FLOPs increasing."""
+    if not isinstance(value, list):
+        return Curve.constant(_fraction(value))
+    points = []
+    for i, p in enumerate(value):
+        if not (isinstance(p, list) and len(p) == 2 and isinstance(p[0], (int, float))
+                and not isinstance(p[0], bool) and p[0] > 0):
+            raise _problem(f"expected [FLOPs per call, fraction], got {p!r}",
+                           "write e.g. [1.0e9, 0.5] (a 1 GFLOP call reaches half of peak)", i)
+        points.append((float(p[0]), _fraction(p[1])))
+    if not points or any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+        raise _problem("expected points with increasing FLOP counts, at least one",
+                       "list the points from the smallest call to the largest")
+    return Curve(tuple(points))
+
+
 LinkKind = Annotated[str, PlainValidator(_link_kind)]
+
+
+CurveSpec = Annotated[Any, PlainValidator(_curve)]
+
+
+Fraction = Annotated[float, PlainValidator(_fraction)]
+
+
+Slowdown = Annotated[float, PlainValidator(lambda v: _fraction(v, low_open=False))]
 
 
 Pairs = Annotated[Any, PlainValidator(_pairs)]
@@ -158,6 +195,19 @@ class PeakFlops(_Part):
 assert tuple(PeakFlops.model_fields) == DTYPES  # one rate per dtype the planner knows
 
 
+class AchievedSpec(_Part):
+    """What a device achieves of its datasheet figures (`achieved.py`)."""
+    matmul: CurveSpec = Field(DATASHEET, description="fraction of peak, or [[FLOPs, fraction]]")
+    attention: CurveSpec = Field(DATASHEET, description="fraction of peak, or [[FLOPs, "
+                                 "fraction]]")
+    memory: Fraction = Field(1.0, description="fraction of mem_bw, e.g. 0.85")
+    transfer_slowdown: Slowdown = Field(0.0, description="compute lost while a transfer runs, "
+                                        "e.g. 0.1")
+
+    def to_achieved(self) -> Achieved:
+        return Achieved(self.matmul, self.attention, self.memory, self.transfer_slowdown)
+
+
 class DeviceSpec(_Part):
     peak_flops: PeakFlops = Field(description="a rate per dtype, e.g. {float16: 312 TFLOP/s, "
                                   "bfloat16: 312 TFLOP/s, float32: 19.5 TFLOP/s}")
@@ -165,12 +215,16 @@ class DeviceSpec(_Part):
     mem_bytes: Size = Field(description="memory size, e.g. 40 GB")
     launch: Duration = Field(description="kernel launch overhead, e.g. 5 us")
     message: Duration = Field(0.0, description="host time per point-to-point message")
+    achieved: AchievedSpec | None = Field(None, description="achieved fractions of the "
+                                          "datasheet figures")
 
     def device_args(self) -> dict[str, Any]:
         """The `model.Device` fields this spec gives."""
         return {"peak_flops": self.peak_flops.model_dump(), "mem_bw": self.mem_bw,
                 "mem_bytes": self.mem_bytes, "launch_s": self.launch,
-                "message_s": self.message}
+                "message_s": self.message,
+                "achieved": Achieved() if self.achieved is None
+                else self.achieved.to_achieved()}
 
 
 _SPEC_KEYS: tuple[str, ...] = tuple(DeviceSpec.model_fields)
@@ -194,6 +248,7 @@ class ExplicitDevice(_Part):
     mem_bytes: Size | None = None
     launch: Duration | None = None
     message: Duration | None = None
+    achieved: AchievedSpec | None = None
 
     @model_validator(mode="after")
     def _type_or_inline_spec(self) -> ExplicitDevice:

@@ -8,17 +8,17 @@ topology (for cpu4: measured by `einsummable calibrate`):
     launch    = per kernel: Compute, Reduce, Assemble, Const, the pack of a strided send, and
                 one per p2p batch (a run of Send/Recv issued as one NCCL group). Place, Alloc,
                 Slice (views), Recv posting, Free and Output launch nothing.
-    compute   = launch + max(tuple_flops / peak(dtype), tuple_bytes / mem_bw)   (roofline:
-                matmuls are bound by the rate, elementwise ops by memory traffic)
+    compute   = `kernel_time`: launch + max(tuple_flops / achieved rate, tuple_bytes / achieved
+                memory rate), the optimizer's compute model (`planning/kernel_time.py`)
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
-    reduce    = launch + (inputs + 1) · bytes / mem_bw         (read every input, write one)
-    assemble  = launch + 2 · copied bytes / mem_bw             (read the parts, write the block;
+    reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one)
+    assemble  = launch + 2 · copied bytes / memory rate       (read the parts, write the block;
                 receives that land in place copy nothing)
-    const     = launch + bytes / mem_bw
-    send      = launch + 2 · bytes / mem_bw to pack a strided slice before it leaves
+    const     = launch + bytes / memory rate
+    send      = launch + 2 · bytes / memory rate to pack a strided slice before it leaves
     message   = per Send and per Recv, the device's `message_s` (host work of the transport)
-    pack      = launch + 2 · bytes / mem_bw (several blocks for one peer as one message)
-    unpack    = launch + 2 · bytes / mem_bw of the parts it copies into place (views: free)
+    pack      = launch + 2 · bytes / memory rate (several blocks for one peer as one message)
+    unpack    = launch + 2 · bytes / memory rate of the parts it copies into place (views: free)
 
 Prefetch sends (weights, `Send.queue` > 0) leave in queue order, one queue number after
 another per rank (one stream), so the weights needed first arrive first; other sends start at
@@ -54,6 +54,8 @@ from ...core.program import (
 )
 from ...errors import RuntimeFault
 from ...frontend.ir import DTYPE_BYTES
+from ...planning.cost import CostModel
+from ...planning.kernel_time import copy_s, kernel_time, memory_s
 from ...topology import load_topology
 from ..lowering import Lowered, lower
 
@@ -215,7 +217,10 @@ def _numel(shape) -> int:
 KERNELS = (Compute, Reduce, Assemble, Const)
 
 
-def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> SimResult:
+def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
+                      cost_model: CostModel = CostModel()) -> SimResult:
+    """Predicted time of `low` on `topology` (module docstring); kernels priced by
+    `kernel_time` with `cost_model`'s derating, as the optimizer prices them."""
     topo = load_topology(topology)
     g = low.graph
     ops = {op.name: op for op in g.ops}
@@ -251,29 +256,30 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
     def cost(r: int, ins) -> float:
         dev = topo.devices[r]
         launch = dev.launch_s
+        mem_eff = cost_model.mem_efficiency
         if isinstance(ins, Compute):
             op = ops[ins.op]
             share = math.prod(hi - lo for lo, hi in ins.ranges) / math.prod(op.size.values())
-            flops_s = op.flops * share / dev.peak(g.tensor(op.output).dtype)
             traffic = sum(nbytes(r, b) for b in ins.inputs) + nbytes(r, ins.out)
-            return launch + max(flops_s, traffic / dev.mem_bw)
+            return kernel_time(op, op.flops * share, traffic, g.tensor(op.output).dtype, dev,
+                               cost_model.flop_efficiency, mem_eff).total_s
         if isinstance(ins, Reduce):
-            return launch + (len(ins.inputs) + 1) * nbytes(r, ins.out) / dev.mem_bw
+            return launch + memory_s(dev, (len(ins.inputs) + 1) * nbytes(r, ins.out), mem_eff)
         if isinstance(ins, Assemble):  # only the parts it copies: receives landed in place
             copied = sum(_numel(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
-            return launch + 2 * copied / dev.mem_bw
+            return copy_s(dev, 2 * copied, 1, mem_eff)
         if isinstance(ins, Const):
-            return launch + nbytes(r, ins.out) / dev.mem_bw
+            return copy_s(dev, nbytes(r, ins.out), 1, mem_eff)
         if isinstance(ins, Pack):
-            return launch + 2 * nbytes(r, ins.out) / dev.mem_bw
+            return copy_s(dev, 2 * nbytes(r, ins.out), 1, mem_eff)
         if isinstance(ins, Unpack):  # views are free; parts landing in a buffer are copied
             copied = sum(_numel(shape) for _, shape, into, _ in ins.parts if into is not None)
-            return launch + 2 * copied * DTYPE_BYTES[ins.dtype] / dev.mem_bw if copied else 0.0
+            return copy_s(dev, 2 * copied * DTYPE_BYTES[ins.dtype], 1, mem_eff) if copied else 0.0
         dt = launch if pc[r] in batch_opens[r] else 0.0  # the batch's one p2p kernel
         if isinstance(ins, Send | Recv):
             dt += dev.message_s  # the transport's per-message host work
         if isinstance(ins, Send) and ins.src in strided[r]:
-            dt += launch + 2 * nbytes(r, ins.src) / dev.mem_bw  # pack kernel: read, write
+            dt += copy_s(dev, 2 * nbytes(r, ins.src), 1, mem_eff)  # pack kernel: read, write
         return dt
 
     def record_shape(r: int, ins) -> None:
@@ -385,11 +391,17 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False) -> Si
     return SimResult(max(t), tuple(t), tuple(compute), link_bytes, tuple(events))
 
 
-def simulate(plan: Any, choice=None, topology=None, *, mode: str = "optimized") -> SimResult:
-    """Predicted time of a plan (Plan-like, or graph + choice + topology) or of a Lowered."""
+def simulate(plan: Any, choice=None, topology=None, *, mode: str = "optimized",
+             cost_model: CostModel | None = None) -> SimResult:
+    """Predicted time of a plan (a Plan, or graph + choice + topology) or of a Lowered. A
+    Plan is priced with the cost model it was solved on, unless `cost_model` says otherwise."""
+    if cost_model is None:
+        options = getattr(plan, "options", None)
+        cost_model = options.cost if options is not None else CostModel()
     if isinstance(plan, Lowered):
         if topology is None:
             raise ValueError("simulate(lowered, topology=...) needs the topology")
-        return simulate_programs(plan, topology)
+        return simulate_programs(plan, topology, cost_model=cost_model)
     topo = topology if choice is not None else plan.topology
-    return simulate_programs(lower(plan, choice, topology, mode=mode), topo)
+    return simulate_programs(lower(plan, choice, topology, mode=mode), topo,
+                             cost_model=cost_model)
