@@ -13,6 +13,7 @@ from einsummable.planning.placement import INPUT_PREFIX, input_op, place
 from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.topology import load_topology, synthetic
 
+import einsummable.backend.runtime.network as N
 import einsummable.backend.runtime.simulator as S
 
 from helpers import random_choice, random_graph
@@ -210,10 +211,10 @@ def test_weight_prefetch_goes_out_in_need_order_behind_urgent_traffic():
 def test_gigabyte_flows_late_in_the_run_finish():
     # Float drift once left remainders whose time to drain no longer moved the clock, and the
     # network stepped through them forever (a 131072-token block never finished simulating).
-    net = S._Network()
+    net = N.Network()
     net.now = 0.1234567
     for i in range(7):
-        net.start(S._Flow(i, ((f"link{i % 3}", 300e9), ("port", 450e9)), 1e-6,
+        net.start(N.Flow(i, ((f"link{i % 3}", 300e9), ("port", 450e9)), 1e-6,
                           2818572288.0 / (i + 1)))
     steps = 0
     while net.flows and steps < 1000:

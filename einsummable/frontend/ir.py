@@ -395,3 +395,22 @@ def make_op(name: str, einsum: str, inputs: Sequence[str], output: str,
     sizes = tuple((m, size[m]) for m in modes)
     return Op(name, tuple(inputs), in_dims, output, out_dims, sizes, join, agg, fused,
               tuple(params), frozenset(splittable) if splittable is not None else None, source)
+
+
+def steady_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
+    """(block input, block output) pairs of a stackable block: each activation input with the
+    first unpaired output of its shape and dtype, which the next block reads in its place
+    (steady state: the output is handed on in the layout the input arrived in)."""
+    outs = list(graph.outputs)
+    pairs = []
+    for t in graph.inputs:
+        if t.kind != "input":
+            continue
+        for y in outs:
+            info = graph.tensor(y)
+            if info.shape == t.shape and info.dtype == t.dtype and graph.producer(y):
+                pairs.append((t.name, y))
+                outs.remove(y)
+                break
+    return tuple(pairs)
+

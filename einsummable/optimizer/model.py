@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import PlanError
-from ..frontend.ir import Graph
+from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
@@ -101,22 +101,6 @@ class Model:
         raise PlanError(f"candidate {cand} is not among the {len(self.nodes[key].cands)} "
                         "candidates of this node", op=key,
                         fix="pick one from es.candidates(graph, topology)")
-
-
-def steady_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
-    """(block input, block output) pairs: activation inputs and outputs of equal shape/dtype."""
-    outs = list(graph.outputs)
-    pairs = []
-    for t in graph.inputs:
-        if t.kind != "input":
-            continue
-        for y in outs:
-            info = graph.tensor(y)
-            if info.shape == t.shape and info.dtype == t.dtype and graph.producer(y):
-                pairs.append((t.name, y))
-                outs.remove(y)
-                break
-    return tuple(pairs)
 
 
 def producer_key(graph: Graph, tensor: str) -> str:
@@ -222,7 +206,6 @@ def fixed_nodes(graph: Graph, topology, options: Options,
                 continue
         out[k] = OpCandidates(k, oc.op, (oc.cands[i],), (oc.level_parts[i],))
     return out
-
 
 
 def plan_model(plan: Plan) -> Model:

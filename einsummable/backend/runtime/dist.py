@@ -4,18 +4,20 @@ Each rank walks its program. Runs of consecutive Send/Recv instructions (host bo
 between them, Alloc, Free and Place, keeps a run open) go out as one batch_isend_irecv. A
 receive may land straight in a region of an Alloc'd buffer; prefetch sends (Send.queue) go out
 when reached, like any other (gloo has no stream priorities). A received buffer is waited on
-only when an instruction reads it, so transfers overlap with compute wherever the dependencies allow. Every wait has a timeout.
+only when an instruction reads it, so transfers overlap with compute wherever the dependencies
+allow; a send of a block still being received (a relay) is parked and goes out when the block
+has arrived, without stopping the rank (`outbox.py`, as the simulator models it). Every wait
+has a timeout.
 
 Two ways to launch:
 - `run(lowered, inputs, backend="gloo", world_size=4)` from Python: a pool of worker processes
   (kept alive between calls, weights sent once per plan and kept) watched by the parent, which
   turns a dead or silent rank into a RuntimeFault and stops the others.
-- `torchrun --nproc-per-node 8 -m einsummable.backend.runtime.dist plan.json [--inputs in.pt]
-  [--out out.pt]`: every rank reads the plan (a lowered program bundle or a Plan JSON).
+- `torchrun --nproc-per-node 8 -m einsummable.backend.runtime.torchrun plan.json` (`torchrun.py`):
+  every rank reads the plan (a lowered program bundle or a Plan JSON).
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import datetime
@@ -23,7 +25,6 @@ import hashlib
 import os
 import queue
 import socket
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -34,9 +35,9 @@ import torch
 from ...core.program import Alloc, Free, Place, Recv, Send, Unpack, reads
 from ...errors import PlanError, RuntimeFault
 from ...frontend.reference import check_inputs
-from ...planning.plan import Plan
-from ..lowering import Lowered, lower
+from ..lowering import Lowered
 from .local import RankState
+from .outbox import Outbox
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
@@ -92,6 +93,8 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
     sends: list[tuple[Any, torch.Tensor]] = []
     batch: list[tuple[Any, Any]] = []  # (P2POp, instr)
     tmo = datetime.timedelta(seconds=timeout_s)
+    outbox = Outbox(lambda t, peer, tag: dist.isend(t, peer, tag=tag), timeout_s,
+                    stream_ordered=torch.device(device).type == "cuda")
 
     def wait(works: list, what: str) -> None:
         for w in works:
@@ -131,9 +134,18 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         if fault_after is not None and count == fault_after:
             os._exit(17)  # test hook: die mid-run without cleanup, like a crashed rank
         if isinstance(ins, Send):
-            if ins.src in wait_for or ins.src in unpacked:
+            if any(isinstance(i, Recv) and ins.src in (i.out, i.into) for _, i in batch):
+                flush()  # a relay: its receive is in this batch; post it, then park the send
+            if ins.src in unpacked:  # a packed receive's part: copied out first (rare)
                 flush()
                 ready(ins.src)
+            if ins.src in wait_for or outbox.busy(ins.peer):
+                flush()  # its receive is posted; the send waits for it, the rank does not
+                arrival = outbox.send(ins.peer, ins.tag, st.get(ins.src),
+                                      wait_for.pop(ins.src, []))
+                if arrival is not None:  # the rank's own reads wait on the line, not twice
+                    wait_for[ins.src] = [arrival]
+                continue
             t = st.get(ins.src).contiguous()
             batch.append((dist.P2POp(dist.isend, t, ins.peer, tag=ins.tag), ins))
         elif isinstance(ins, Recv):
@@ -154,7 +166,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
     flush()
     for b in list(unpacked) + list(wait_for):
         ready(b)
-    for works, _ in sends:
+    for works, _ in sends + outbox.close():
         wait(works, "send")
     return st.outputs
 
@@ -425,57 +437,3 @@ def run_dist(low: Lowered, inputs: Mapping[str, torch.Tensor], *, backend: str =
                             f"{n}-device topology")
     pool = (pools or POOLS).get(backend, n, no_collectives)
     return pool.run(low, inputs, fault=fault)
-
-
-# --------------------------------------------------------------------------- torchrun
-
-def _load_bundle(text: str) -> Lowered:
-    import json
-    d = json.loads(text)
-    if "programs" in d:
-        return Lowered.from_json(text)
-    return lower(Plan.from_json(text))
-
-
-def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist
-    ap = argparse.ArgumentParser(prog="python -m einsummable.backend.runtime.dist",
-                                 description="Run a lowered plan under torchrun.")
-    ap.add_argument("plan", help="lowered program bundle or Plan JSON")
-    ap.add_argument("--inputs", help="torch.save'd dict of graph inputs (default: seeded randn)")
-    ap.add_argument("--out", help="rank 0 writes the outputs here (torch.save)")
-    ap.add_argument("--backend", default=None, help="gloo or nccl (default: nccl if CUDA)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    with open(args.plan) as f:
-        low = _load_bundle(f.read())
-    if world != low.world_size:
-        print(f"einsummable: the plan is for {low.world_size} ranks but torchrun started "
-              f"{world}; fix: --nproc-per-node/--nnodes must give {low.world_size}",
-              file=sys.stderr)
-        return 2
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    device: Any = "cpu"
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
-    if args.inputs:
-        inputs = torch.load(args.inputs)
-    else:
-        gen = torch.Generator().manual_seed(args.seed)
-        inputs = {t.name: torch.randn(t.shape, generator=gen) for t in low.graph.inputs}
-    try:
-        outs = execute(low, rank, rank_blocks(low, rank, inputs), device)
-    except RuntimeFault as e:
-        print(f"einsummable: {e}", file=sys.stderr)
-        return 3
-    if rank == 0 and args.out:
-        torch.save({k: v.cpu() for k, v in outs.items()}, args.out)
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

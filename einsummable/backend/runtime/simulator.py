@@ -9,7 +9,8 @@ topology (for cpu4: measured by `einsummable calibrate`):
                 one per p2p batch (a run of Send/Recv issued as one NCCL group). Place, Alloc,
                 Slice (views), Recv posting, Free and Output launch nothing.
     compute   = `kernel_time`: launch + max(tuple_flops / achieved rate, tuple_bytes / achieved
-                memory rate), the optimizer's compute model (`planning/kernel_time.py`)
+                memory rate), the optimizer's compute model (`planning/kernel_time.py`);
+                views (reshape, permute) relabel a block: free
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
     reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one)
     assemble  = launch + 2 · copied bytes / memory rate       (read the parts, write the block;
@@ -52,19 +53,14 @@ from ...core.program import (
     p2p_batches,
     reads,
 )
-from ...errors import RuntimeFault
+from ...errors import PlanError, RuntimeFault
 from ...frontend.ir import DTYPE_BYTES
 from ...planning.cost import CostModel
 from ...planning.kernel_time import copy_s, kernel_time, memory_s
+from ...planning.stack import stack
 from ...topology import load_topology
-from ..lowering import Lowered, lower
-
-# A flow with less than this left is finished (float drift on integer byte counts).
-_DONE_BYTES = 1e-6
-# ... and so is one that would finish within this many seconds: at large clock values and
-# gigabyte messages, drift leaves remainders whose time to drain no longer moves the clock,
-# which would otherwise be stepped through forever. Far below any latency or launch term.
-_DONE_S = 1e-12
+from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
+from .network import Flow, Network, PrefetchQueue
 
 
 @dataclass(frozen=True)
@@ -84,132 +80,51 @@ class SimResult:
                 f"{[round(c * 1e3, 3) for c in self.compute_s]} ms; busiest links {links or '-'}")
 
 
-@dataclass
-class _Flow:
-    tag: int
-    resources: tuple[tuple[str, float], ...]  # (resource, its capacity in B/s) the bytes load
-    latency: float
-    remaining: float
-    urgent: bool = True  # False: a prefetch, served from what urgent flows leave
-    rate: float = 0.0
-
-
-class _Network:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.flows: list[_Flow] = []
-        self.arrived: dict[int, float] = {}
-        self.on_done = lambda tag: None  # called as each flow's last byte leaves (may start more)
-
-    def _rates(self) -> None:
-        """Max-min fair rates (progressive filling): raise every unfrozen flow's rate together
-        until some resource is full, freeze the flows on it, repeat. A flow on an NVSwitch
-        link thus gets min(link, egress port share at its sender, ingress share at its
-        receiver), and bandwidth one flow cannot use goes to the others. Urgent flows are
-        filled first; prefetches share what they leave (a low-priority stream)."""
-        cap: dict[str, float] = {}
-        for f in self.flows:
-            for res, bw in f.resources:
-                cap[res] = bw
-        for urgent in (True, False):
-            self._fill([f for f in self.flows if f.urgent == urgent], cap)
-
-    @staticmethod
-    def _fill(flows: list["_Flow"], cap: dict[str, float]) -> None:
-        # Counts of unfrozen flows per resource are kept up to date, so a step costs one pass
-        # over the resources instead of one over every (resource, flow) pair.
-        users: dict[str, list[_Flow]] = {}
-        for f in flows:
-            for res, _ in f.resources:
-                users.setdefault(res, []).append(f)
-        free = {id(f) for f in flows}
-        count = {r: len(fl) for r, fl in users.items()}
-        while free:
-            share, res = min((max(cap[r], 0.0) / n, r) for r, n in count.items() if n)
-            for f in users[res]:
-                if id(f) in free:
-                    f.rate = share
-                    free.discard(id(f))
-                    for r, _ in f.resources:
-                        cap[r] -= share
-                        count[r] -= 1
-            del users[res], count[res]
-
-    def next_done(self) -> float:
-        return min((self.now + f.remaining / f.rate for f in self.flows if f.rate > 0),
-                   default=math.inf)
-
-    def advance(self, t: float) -> list[int]:
-        """Move to time t, finishing flows on the way; returns the tags whose arrival is known."""
-        done: list[int] = []
-        while self.flows:
-            t_next = self.next_done()
-            if t_next > t:
-                break
-            self._progress(t_next)
-            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES
-                      or (f.rate > 0 and f.remaining / f.rate <= _DONE_S)]:
-                self.flows.remove(f)
-                self.arrived[f.tag] = t_next + f.latency
-                done.append(f.tag)
-                self.on_done(f.tag)
-            self._rates()
-        self._progress(t)
-        return done
-
-    def _progress(self, t: float) -> None:
-        dt = t - self.now
-        if dt > 0:
-            for f in self.flows:
-                f.remaining = max(0.0, f.remaining - f.rate * dt)
-        self.now = max(self.now, t)
-
-    def start(self, flow: _Flow) -> None:
-        if flow.remaining <= 0:
-            self.arrived[flow.tag] = self.now + flow.latency
-            self.on_done(flow.tag)
-            return
-        self.flows.append(flow)
-        self._rates()
-
-
-class _PrefetchQueue:
-    """One rank's prefetch sends: queue numbers go out in order, each once the previous one's
-    bytes have all left (one stream); the flows of one queue number run together."""
-
-    def __init__(self, net: _Network) -> None:
-        self.net = net
-        self.active: int | None = None
-        self.inflight: set[int] = set()
-        self.pending: list[tuple[int, _Flow]] = []  # (queue, flow) in program order
-
-    def send(self, queue: int, flow: _Flow) -> None:
-        if self.active is None or (self.active == queue and not self.pending):
-            self.active = queue
-            self.inflight.add(flow.tag)
-            self.net.start(flow)
-        else:
-            self.pending.append((queue, flow))
-
-    def done(self, tag: int) -> None:
-        if tag not in self.inflight:
-            return
-        self.inflight.discard(tag)
-        if self.inflight:
-            return
-        self.active = None
-        if self.pending:
-            nxt = self.pending[0][0]
-            batch = [f for q, f in self.pending if q == nxt]
-            self.pending = [(q, f) for q, f in self.pending if q != nxt]
-            self.active = nxt
-            self.inflight.update(f.tag for f in batch)
-            for f in batch:
-                self.net.start(f)
-
-
 def _numel(shape) -> int:
     return math.prod(shape)
+
+
+class _Outbox:
+    """One rank's communication engine (`outbox.py` is the executor's): each send leaves once
+    its source is there, while the rank goes on computing; a send whose source is still
+    arriving (a relay's forward) holds up the later sends to its peer, and no others."""
+
+    def __init__(self) -> None:
+        self.lines: dict[int, list[list]] = {}  # peer -> [queue, flow, waiting tags, ready at]
+
+    def post(self, peer: int, queue: int, flow: Flow, waiting: set[int],
+             ready_at: float) -> None:
+        self.lines.setdefault(peer, []).append([queue, flow, waiting, ready_at])
+
+    def arrived(self, tag: int, at: float) -> None:
+        for entries in self.lines.values():
+            for e in entries:
+                if tag in e[2]:
+                    e[2].discard(tag)
+                    e[3] = max(e[3], at)
+
+    def next_ready(self) -> float:
+        """When the next send can leave (inf: none can yet)."""
+        heads = [es[0] for es in self.lines.values() if es and not es[0][2]]
+        return min((e[3] for e in heads), default=math.inf)
+
+    def take(self, now: float) -> list[tuple[int, Flow]]:
+        """The sends that leave by `now`, peer by peer in program order."""
+        out = []
+        for entries in self.lines.values():
+            while entries and not entries[0][2] and entries[0][3] <= now:
+                queue, flow, _, _ = entries.pop(0)
+                out.append((queue, flow))
+        return out
+
+    @property
+    def pending(self) -> bool:
+        return any(self.lines.values())
+
+
+# Blocks a steady-state block time is measured in: the last of them, after the others
+# (`block_time`); two is enough for the weights of one block to stream behind the one before.
+STEADY_BLOCKS = 2
 
 
 # Instructions that run a kernel on the device. Place (the block is already resident), Slice
@@ -232,9 +147,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
     pc = [0] * n
     compute = [0.0] * n
     link_bytes: dict[tuple[int, int], int] = {}
-    net = _Network()
-    queues = [_PrefetchQueue(net) for _ in range(n)]
-    queue_of: dict[int, _PrefetchQueue] = {}  # tag -> the queue that sent it
+    net = Network()
+    queues = [PrefetchQueue(net) for _ in range(n)]
+    queue_of: dict[int, PrefetchQueue] = {}  # tag -> the queue that sent it
 
     def flow_done(tag: int) -> None:
         q = queue_of.pop(tag, None)
@@ -259,6 +174,8 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         mem_eff = cost_model.mem_efficiency
         if isinstance(ins, Compute):
             op = ops[ins.op]
+            if op.is_view:  # a reshape or permute relabels the block: no kernel (as priced)
+                return 0.0
             share = math.prod(hi - lo for lo, hi in ins.ranges) / math.prod(op.size.values())
             traffic = sum(nbytes(r, b) for b in ins.inputs) + nbytes(r, ins.out)
             return kernel_time(op, op.flops * share, traffic, g.tensor(op.output).dtype, dev,
@@ -310,11 +227,13 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 shapes[r][out] = (DTYPE_BYTES[ins.dtype], shape)
 
     def step(r: int) -> bool:
-        """Run rank r's next instruction if its inputs are ready; False if it must wait."""
+        """Run rank r's next instruction if its inputs are ready; False if it must wait. A
+        Send never waits: the rank's communication engine takes it (`_Outbox`)."""
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
         # An Unpack only names views of a packed receive: its readers wait, it does not.
-        for b in (() if isinstance(ins, Unpack) else reads(ins)):
+        waits_on = () if isinstance(ins, Unpack | Send) else reads(ins)
+        for b in waits_on:
             for tag in recv_tag[r].get(b, ()):
                 if tag not in net.arrived:
                     blocked[r] = tag
@@ -344,13 +263,12 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 + tuple(p for l in route for p in l.port_resources)
             for tag in net.advance(t[r]):
                 wake(tag)
-            flow = _Flow(ins.tag, res, sum(l.latency_s for l in route), float(size),
-                         urgent=not ins.queue)
-            if ins.queue:
-                queue_of[ins.tag] = queues[r]
-                queues[r].send(ins.queue, flow)
-            else:
-                net.start(flow)
+            flow = Flow(ins.tag, res, sum(l.latency_s for l in route), float(size),
+                        urgent=not ins.queue)
+            tags = recv_tag[r].get(ins.src, ())
+            outbox[r].post(ins.peer, ins.queue, flow, {x for x in tags if x not in net.arrived},
+                           max([t[r], ready[r].get(ins.src, 0.0)]
+                               + [net.arrived[x] for x in tags if x in net.arrived]))
             link_bytes[(r, ins.peer)] = link_bytes.get((r, ins.peer), 0) + size
         elif not isinstance(ins, Free | Output):
             w = getattr(ins, "out", None)
@@ -363,14 +281,32 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         for r, want in list(blocked.items()):
             if want == tag:
                 del blocked[r]
+        for box in outbox:
+            box.arrived(tag, net.arrived[tag])
 
+    def issue(now: float) -> None:
+        for r, box in enumerate(outbox):
+            for queue, flow in box.take(now):
+                if queue:
+                    queue_of[flow.tag] = queues[r]
+                    queues[r].send(queue, flow)
+                else:
+                    net.start(flow)
+
+    outbox = [_Outbox() for _ in range(n)]
     lengths = [len(p.instrs) for p in low.programs]
     while True:
         runnable = [r for r in range(n) if pc[r] < lengths[r] and r not in blocked]
-        if not runnable and not net.flows:
+        t_send = min(box.next_ready() for box in outbox)
+        if not runnable and not net.flows and t_send == math.inf:
             break
         t_rank = min((t[r] for r in runnable), default=math.inf)
         t_net = net.next_done()
+        if t_send <= min(t_net, t_rank):
+            for tag in net.advance(t_send):
+                wake(tag)
+            issue(t_send)
+            continue
         if t_net <= t_rank:
             for tag in net.advance(t_net):
                 wake(tag)
@@ -381,27 +317,51 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         if r in blocked:
             continue
         while pc[r] < lengths[r] and step(r):
+            issue(net.now)
             # Keep running this rank while it stays the earliest (others cannot affect it sooner).
             others = [t[k] for k in range(n) if k != r and pc[k] < lengths[k] and k not in blocked]
-            if t[r] > min(others + [net.next_done()]):
+            if t[r] > min(others + [net.next_done()] + [b.next_ready() for b in outbox]):
                 break
-    if any(pc[r] < lengths[r] for r in range(n)):
+    if any(pc[r] < lengths[r] for r in range(n)) or any(box.pending for box in outbox):
         raise RuntimeFault(f"simulation deadlocked: ranks {sorted(blocked)} wait for messages",
                            fix="the programs are inconsistent; lower the plan again")
     return SimResult(max(t), tuple(t), tuple(compute), link_bytes, tuple(events))
 
 
 def simulate(plan: Any, choice=None, topology=None, *, mode: str = "optimized",
-             cost_model: CostModel | None = None) -> SimResult:
-    """Predicted time of a plan (a Plan, or graph + choice + topology) or of a Lowered. A
-    Plan is priced with the cost model it was solved on, unless `cost_model` says otherwise."""
+             cost_model: CostModel | None = None, deliver: str | None = None) -> SimResult:
+    """Predicted time of a plan (a Plan, or graph + choice + topology) or of a Lowered.
+
+    A Plan is priced with the cost model it was solved on and its outputs go where its
+    objective left them (handed on in the input layout with steady state, else folded in
+    place), so its simulated time and its objective speak of the same program; a graph and
+    a choice deliver their outputs to rank 0, as `run` does. `cost_model` and `deliver`
+    (`lowering.DELIVERIES`) override those choices."""
+    options = getattr(plan, "options", None) if choice is None else None
     if cost_model is None:
-        options = getattr(plan, "options", None)
         cost_model = options.cost if options is not None else CostModel()
     if isinstance(plan, Lowered):
         if topology is None:
             raise ValueError("simulate(lowered, topology=...) needs the topology")
         return simulate_programs(plan, topology, cost_model=cost_model)
+    if deliver is None:
+        deliver = RANK0 if options is None else STEADY if options.steady_state else IN_PLACE
     topo = topology if choice is not None else plan.topology
-    return simulate_programs(lower(plan, choice, topology, mode=mode), topo,
+    return simulate_programs(lower(plan, choice, topology, mode=mode, deliver=deliver), topo,
                              cost_model=cost_model)
+
+
+def block_time(plan: Any, blocks: int = STEADY_BLOCKS) -> float:
+    """Seconds one block of a steady-state plan takes in a stack: T(blocks) - T(blocks - 1)
+    of the plan stacked (`planning/stack.py`), each lowered with its output handed on in the
+    input's layout. The time its objective speaks of, without the first block's cold start."""
+    if not plan.options.steady_state:
+        raise PlanError("a block time needs a plan optimized with steady_state=True",
+                        fix="simulate(plan) gives the time of a plan that is not a block")
+    times = []
+    for k in (blocks - 1, blocks):
+        graph, choice = stack(plan.graph, plan.chosen, k)
+        low = lower(graph, choice, plan.topology, deliver=STEADY)
+        times.append(simulate_programs(low, plan.topology,
+                                       cost_model=plan.options.cost).time_s)
+    return times[1] - times[0]

@@ -1,0 +1,148 @@
+"""The simulator's network: flows of bytes over shared resources, rates max-min fair.
+
+A transfer is one flow that loads its link and, where the link names a port, the sender's
+egress and the receiver's ingress port. Rates are max-min fair over all of a flow's resources
+(progressive filling, recomputed at every start and end): raise every unfrozen flow's rate
+together until some resource is full, freeze the flows on it, repeat. Urgent flows are filled
+first; prefetches share what they leave (a low-priority stream). A message is usable `latency`
+after its last byte leaves.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+# A flow with less than this left is finished (float drift on integer byte counts).
+_DONE_BYTES = 1e-6
+
+
+# ... and so is one that would finish within this many seconds: at large clock values and
+# gigabyte messages, drift leaves remainders whose time to drain no longer moves the clock,
+# which would otherwise be stepped through forever. Far below any latency or launch term.
+_DONE_S = 1e-12
+
+
+@dataclass
+class Flow:
+    tag: int
+    resources: tuple[tuple[str, float], ...]  # (resource, its capacity in B/s) the bytes load
+    latency: float
+    remaining: float
+    urgent: bool = True  # False: a prefetch, served from what urgent flows leave
+    rate: float = 0.0
+
+
+class Network:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.flows: list[Flow] = []
+        self.arrived: dict[int, float] = {}
+        self.on_done = lambda tag: None  # called as each flow's last byte leaves (may start more)
+
+    def _rates(self) -> None:
+        """Max-min fair rates (progressive filling): raise every unfrozen flow's rate together
+        until some resource is full, freeze the flows on it, repeat. A flow on an NVSwitch
+        link thus gets min(link, egress port share at its sender, ingress share at its
+        receiver), and bandwidth one flow cannot use goes to the others. Urgent flows are
+        filled first; prefetches share what they leave (a low-priority stream)."""
+        cap: dict[str, float] = {}
+        for f in self.flows:
+            for res, bw in f.resources:
+                cap[res] = bw
+        for urgent in (True, False):
+            self._fill([f for f in self.flows if f.urgent == urgent], cap)
+
+    @staticmethod
+    def _fill(flows: list["Flow"], cap: dict[str, float]) -> None:
+        # Counts of unfrozen flows per resource are kept up to date, so a step costs one pass
+        # over the resources instead of one over every (resource, flow) pair.
+        users: dict[str, list[Flow]] = {}
+        for f in flows:
+            for res, _ in f.resources:
+                users.setdefault(res, []).append(f)
+        free = {id(f) for f in flows}
+        count = {r: len(fl) for r, fl in users.items()}
+        while free:
+            share, res = min((max(cap[r], 0.0) / n, r) for r, n in count.items() if n)
+            for f in users[res]:
+                if id(f) in free:
+                    f.rate = share
+                    free.discard(id(f))
+                    for r, _ in f.resources:
+                        cap[r] -= share
+                        count[r] -= 1
+            del users[res], count[res]
+
+    def next_done(self) -> float:
+        return min((self.now + f.remaining / f.rate for f in self.flows if f.rate > 0),
+                   default=math.inf)
+
+    def advance(self, t: float) -> list[int]:
+        """Move to time t, finishing flows on the way; returns the tags whose arrival is known."""
+        done: list[int] = []
+        while self.flows:
+            t_next = self.next_done()
+            if t_next > t:
+                break
+            self._progress(t_next)
+            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES
+                      or (f.rate > 0 and f.remaining / f.rate <= _DONE_S)]:
+                self.flows.remove(f)
+                self.arrived[f.tag] = t_next + f.latency
+                done.append(f.tag)
+                self.on_done(f.tag)
+            self._rates()
+        self._progress(t)
+        return done
+
+    def _progress(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for f in self.flows:
+                f.remaining = max(0.0, f.remaining - f.rate * dt)
+        self.now = max(self.now, t)
+
+    def start(self, flow: Flow) -> None:
+        if flow.remaining <= 0:
+            self.arrived[flow.tag] = self.now + flow.latency
+            self.on_done(flow.tag)
+            return
+        self.flows.append(flow)
+        self._rates()
+
+
+class PrefetchQueue:
+    """One rank's prefetch sends: queue numbers go out in order, each once the previous one's
+    bytes have all left (one stream); the flows of one queue number run together."""
+
+    def __init__(self, net: Network) -> None:
+        self.net = net
+        self.active: int | None = None
+        self.inflight: set[int] = set()
+        self.pending: list[tuple[int, Flow]] = []  # (queue, flow) in program order
+
+    def send(self, queue: int, flow: Flow) -> None:
+        if self.active is None or (self.active == queue and not self.pending):
+            self.active = queue
+            self.inflight.add(flow.tag)
+            self.net.start(flow)
+        else:
+            self.pending.append((queue, flow))
+
+    def done(self, tag: int) -> None:
+        if tag not in self.inflight:
+            return
+        self.inflight.discard(tag)
+        if self.inflight:
+            return
+        self.active = None
+        if self.pending:
+            nxt = self.pending[0][0]
+            batch = [f for q, f in self.pending if q == nxt]
+            self.pending = [(q, f) for q, f in self.pending if q != nxt]
+            self.active = nxt
+            self.inflight.update(f.tag for f in batch)
+            for f in batch:
+                self.net.start(f)
+
