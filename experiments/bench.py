@@ -49,6 +49,7 @@ def run_config(cfg: dict, *, out_dir: Path = harness.RESULTS_DIR, repeats: int |
            "settings": {k: v for k, v in cfg.items()
                         if k not in ("published", "quick") and not k.startswith("_")},
            "summary": harness.summarize(result.rows, cfg.get("reference", harness.REFERENCE_SYSTEM)),
+           "headline": harness.headline(result.rows, cfg.get("reference", harness.REFERENCE_SYSTEM)),
            **result.extra}
     jpath, cpath = harness.write_results(cfg["name"], doc, result.rows, out_dir)
     doc["rows"] = [r.to_dict() for r in result.rows]

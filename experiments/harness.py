@@ -23,6 +23,10 @@ import yaml
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REFERENCE_SYSTEM = "pytorch-tp"
+# The system every table is about, and the yardsticks that are not systems: neither is a
+# baseline when a row's best baseline is picked.
+OPTIMIZED_SYSTEM = "einsummable"
+YARDSTICKS = ("floor", "floor-fused")
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,74 @@ def summarize(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM) -> dict:
             }
         out[str(world)] = per
     return out
+
+
+def best_baselines(rows: Sequence[Row], at_peak: bool = False) -> dict[tuple[str, int], Row]:
+    """Per (workload, world): the fastest baseline row (every system but the optimized one and
+    the yardsticks). at_peak: rank simulated baselines by their time with collectives at the
+    links' full rates (`extra["at_peak_s"]`) where they have one."""
+    best: dict[tuple[str, int], Row] = {}
+    for r in rows:
+        if not r.ok or r.system == OPTIMIZED_SYSTEM or r.system in YARDSTICKS:
+            continue
+        key = (r.workload, r.world)
+        if key not in best or _time(r, at_peak) < _time(best[key], at_peak):
+            best[key] = r
+    return best
+
+
+def _time(r: Row, at_peak: bool) -> float:
+    return (r.extra.get("at_peak_s") or r.time_s) if at_peak else r.time_s
+
+
+def headline(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM) -> dict:
+    """Per world size: the optimized plan's time over the best baseline of its row (geometric
+    mean over workloads, and per workload with the baseline's name), beside its ratio to
+    `reference`; where simulated baselines carry a time at the links' full rates, the same
+    headline against those too."""
+    out: dict[str, Any] = {}
+    best, best_peak = best_baselines(rows), best_baselines(rows, at_peak=True)
+    ours = {(r.workload, r.world): r for r in rows if r.system == OPTIMIZED_SYSTEM and r.ok}
+    ref = {(r.workload, r.world): r.time_s for r in rows if r.system == reference and r.ok}
+    for world in sorted({r.world for r in rows}):
+        keys = [k for k in ours if k[1] == world and k in best]
+        if not keys:
+            continue
+        per = {k[0]: {"best": best[k].system, "best_s": best[k].time_s,
+                      "ratio": ours[k].time_s / best[k].time_s} for k in keys}
+        entry: dict[str, Any] = {
+            "geomean_vs_best": geomean(v["ratio"] for v in per.values()),
+            "per_workload": per,
+            f"geomean_vs_{reference}": geomean(ours[k].time_s / ref[k] for k in keys if k in ref),
+        }
+        if any("at_peak_s" in r.extra for r in rows if r.world == world):
+            entry["geomean_vs_best_at_peak"] = geomean(
+                ours[k].time_s / _time(best_peak[k], True) for k in keys if k in best_peak)
+        out[str(world)] = entry
+    return out
+
+
+def format_headline(head: dict, reference: str = REFERENCE_SYSTEM,
+                    published: float | None = None) -> str:
+    """The headline lines under a table."""
+    lines = []
+    for world, h in head.items():
+        names: dict[str, int] = {}
+        for v in h["per_workload"].values():
+            names[v["best"]] = names.get(v["best"], 0) + 1
+        which = ", ".join(f"{n} {c}x" for n, c in names.items())
+        ref = h.get(f"geomean_vs_{reference}")
+        line = (f"headline N={world}: {OPTIMIZED_SYSTEM} / best baseline of its row "
+                f"{h['geomean_vs_best']:.3f} (geomean; best: {which})")
+        if ref is not None and reference != OPTIMIZED_SYSTEM:
+            line += f"; / {reference} {ref:.3f}"
+            if published is not None:
+                line += f" (published {published})"
+        lines.append(line)
+        if h.get("geomean_vs_best_at_peak") is not None:
+            lines.append(f"  with the baselines' collectives at the links' full rates: "
+                         f"{h['geomean_vs_best_at_peak']:.3f}")
+    return "\n".join(lines)
 
 
 def machine_info() -> dict:

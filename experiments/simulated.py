@@ -1,25 +1,37 @@
-"""Analytic time of the hand-written baselines on a topology, the way PyTorch runs them.
+"""Analytic time of the hand-written baselines on a topology, the way PyTorch and vLLM run them.
 
 Compute comes from the library's simulator, per rank, for the same layout as the baseline (the
-named plans megatron-tp, megatron-tp-sp and data-parallel: the same compute model as the
-einsummable rows). Communication is what NCCL does instead of einsummable's exchange: ring
-collectives over a ring of all N devices, with no overlap with compute (PyTorch waits for each
-collective before the next kernel that reads it):
+named plans megatron-tp, megatron-tp-sp and data-parallel: the same compute model, the same
+kernels, as the einsummable rows). Communication is what the baseline's library does instead of
+einsummable's exchange: collectives, costed by `collectives.py` the way NCCL runs them on the
+topology (several rings over NVLink at once, hierarchical across nodes, at the published
+achieved fraction of the link rates; `PEAK` gives the same at the links' full rates).
 
-    all_reduce(B)     = 2 (N-1)/N · B / bw_ring + 2 (N-1) · latency_ring
-    all_gather(B)     =   (N-1)/N · B / bw_ring +   (N-1) · latency_ring    (B: gathered bytes)
-    reduce_scatter(B) =   (N-1)/N · B / bw_ring +   (N-1) · latency_ring    (B: input bytes)
-    all_to_all(B)     = (N-1)/N² · B / bw_ring +   (N-1) · latency_ring    (B: whole tensor)
-    ring_pass(B)      =   (N-1)/N · B / bw_ring +   (N-1) · latency_ring    (B: whole tensor)
+Which tensors go through a collective follows from the layout: a Megatron row-parallel op (its
+candidate splits an aggregated mode) leaves partial sums that tensor parallelism all-reduces
+and sequence parallelism reduce-scatters and all-gathers again; with sharded weights, FSDP
+(data-parallel) all-gathers the block's weights once, as one flat parameter (one collective
+per FSDP unit), and the ZeRO-3 weights of the sequence-parallel schemes are all-gathered one
+weight at a time. Tensor-parallel collectives run inside one node (Megatron deploys TP inside a
+node and data parallelism across: node 0's group stands for all nodes, which run at once;
+on several nodes the weight copies of that data parallelism are not costed).
 
-bw_ring is the slowest hop of the ring 0→1→…→N-1→0 (one direction) and latency_ring its
-largest latency. Which tensors go through a collective follows from the layout: a Megatron
-row-parallel op (its candidate splits an aggregated mode) leaves partial sums that tensor
-parallelism all-reduces and sequence parallelism reduce-scatters and all-gathers again; data
-parallelism with sharded weights all-gathers every weight once (FSDP).
+What overlaps (T: time per block, C: compute, A: collectives on the critical path, G: weight
+all-gathers):
+- pytorch-tp, pytorch-tp-sp, vllm-tp: T = C + A. PyTorch waits for each collective before the
+  kernel that reads it; so does vLLM.
+- data-parallel with sharded weights is PyTorch FSDP with forward prefetch, one FSDP unit per
+  block (the transformer wrap policy): the next block's all-gather is issued when this block's
+  compute starts and runs on its own stream, so in the steady state (a stack of identical
+  blocks) T = max(C, G) + A; a block alone (steady_state false) has nothing to hide its own
+  gather behind: T = G + C + A. The gathers and A share the links, hence A outside the max.
+- ulysses and ring-attention keep ZeRO-3 weights, prefetched the same way.
+- vllm-tp: vLLM's Megatron layout (column-parallel QKV and gate/up, row-parallel O and down:
+  the megatron-tp plan), one all-reduce after attention and one after the MLP, each by vLLM's
+  custom all-reduce where it applies (small messages, fully NVLinked single node) and NCCL
+  otherwise (`collectives.vllm_all_reduce`). Simulated from its documented design, not run.
 
-Two sequence-parallel attention schemes, for long contexts (both keep the weights sharded and
-all-gather each once, as ZeRO-3 does):
+Two sequence-parallel attention schemes, for long contexts:
 - ulysses (DeepSpeed-Ulysses): tokens split everywhere; attention splits heads, so its inputs
   (queries, keys, values) and its output each go through one all-to-all.
 - ring-attention: tokens split everywhere, attention too (each device keeps its queries); the
@@ -35,18 +47,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from einsummable.backend.runtime.simulator import simulate as simulate_choice
 from einsummable.frontend.ir import Graph
 from einsummable.planning.placement import INPUT_PREFIX, input_op, place
 
-from einsummable.backend.runtime.simulator import simulate as simulate_choice
-
 from . import einsummable_system as es_sys
+from .collectives import (
+    ACHIEVED,
+    PEAK,
+    Fabric,
+    Rates,
+    collective_time,
+    fabric,
+    vllm_all_reduce,
+)
 
 NAMED_LAYOUT = {"pytorch-tp": "megatron-tp", "pytorch-tp-sp": "megatron-tp-sp",
-                "data-parallel": "data-parallel", "ulysses": "ulysses",
-                "ring-attention": "fsdp"}
+                "vllm-tp": "megatron-tp", "data-parallel": "data-parallel",
+                "ulysses": "ulysses", "ring-attention": "fsdp"}
 # Systems whose attention moves keys and values around a ring behind the attention compute.
 RING_SYSTEMS = ("ring-attention",)
+# Systems whose collectives run inside the tensor-parallel group (one node).
+TP_SYSTEMS = ("pytorch-tp", "pytorch-tp-sp", "vllm-tp")
+# The name of FSDP's one all-gather per block (its flat parameter: every weight of the unit).
+FLAT_PARAMETER = "flat parameter"
 
 
 @dataclass(frozen=True)
@@ -54,34 +78,26 @@ class Collective:
     kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | ring_pass
     tensor: str
     nbytes: int
+    weight: bool = False  # a weight all-gather (prefetched behind compute)
 
 
 @dataclass(frozen=True)
 class BaselineTime:
+    """time_s = the overlap rule of the system (module docstring) over compute_s, comm_s (the
+    collectives on the critical path) and gather_s (weight all-gathers, prefetched);
+    at_peak_s: the same with every collective at its links' full rates (`collectives.PEAK`)."""
     time_s: float
     compute_s: float
     comm_s: float
     collectives: tuple[Collective, ...]
     note: str
+    gather_s: float = 0.0
+    at_peak_s: float | None = None
 
 
-def ring(topology) -> tuple[float, float]:
-    """(bandwidth, latency) of the ring 0→1→…→N-1→0: its slowest hop and largest latency."""
-    n = topology.world_size
-    hops = [(i, (i + 1) % n) for i in range(n)]
-    return (min(topology.path_bw(a, b) for a, b in hops),
-            max(topology.path_latency(a, b) for a, b in hops))
-
-
-def collective_time(c: Collective, world: int, bw: float, latency: float) -> float:
-    if world == 1:
-        return 0.0
-    share = (world - 1) / world
-    if c.kind == "all_reduce":
-        return 2 * share * c.nbytes / bw + 2 * (world - 1) * latency
-    if c.kind == "all_to_all":  # each device keeps 1/N of its 1/N share
-        return share * c.nbytes / world / bw + (world - 1) * latency
-    return share * c.nbytes / bw + (world - 1) * latency
+def tp_group(topology) -> tuple[int, ...]:
+    """The devices of one tensor-parallel group: node 0's (all of them on one node)."""
+    return topology.devices_in_node(topology.devices[0].node)
 
 
 def partial_sum_outputs(graph: Graph, choice) -> list[str]:
@@ -96,16 +112,18 @@ def partial_sum_outputs(graph: Graph, choice) -> list[str]:
 
 def collectives_for(system: str, graph: Graph, choice, weights: str) -> tuple[Collective, ...]:
     size = lambda t: graph.tensor(t).nbytes
-    if system == "pytorch-tp":
+    if system in ("pytorch-tp", "vllm-tp"):
         return tuple(Collective("all_reduce", t, size(t)) for t in partial_sum_outputs(graph, choice))
     if system == "pytorch-tp-sp":
         return tuple(c for t in partial_sum_outputs(graph, choice)
                      for c in (Collective("reduce_scatter", t, size(t)),
                                Collective("all_gather", t, size(t))))
-    gathers = tuple(Collective("all_gather", w.name, w.nbytes) for w in graph.weights) \
-        if weights == "sharded" else ()
-    if system == "data-parallel":
-        return gathers
+    if system == "data-parallel":  # FSDP: the block's weights are one flat parameter
+        total = sum(w.nbytes for w in graph.weights)
+        return (Collective("all_gather", FLAT_PARAMETER, total, weight=True),) \
+            if weights == "sharded" and total else ()
+    gathers = tuple(Collective("all_gather", w.name, w.nbytes, weight=True)
+                    for w in graph.weights) if weights == "sharded" else ()
     if system == "ulysses":
         ins, _, outs = attention_boundary(graph)
         return gathers + tuple(Collective("all_to_all", t, size(t)) for t in (*ins, *outs))
@@ -134,8 +152,8 @@ def attention_boundary(graph: Graph) -> tuple[list[str], list[str], list[str]]:
     indexed by the key sequence mode, which the kernel aggregates: keys and values; outputs
     read elsewhere). A spelled-out chain is fused first: the tensors at its edges keep their
     names."""
-    from einsummable.planning.candidates import roles
     from einsummable.frontend.fuse import fuse
+    from einsummable.planning.candidates import roles
     graph = fuse(graph)
     mode_roles = roles(graph).modes
     att = _attention_ops(graph)
@@ -162,25 +180,78 @@ def single_device_choice(graph: Graph) -> dict:
     return choice
 
 
-def simulate_baseline(system: str, graph: Graph, topology, weights: str = "sharded") -> BaselineTime:
-    n = topology.world_size
+def simulate_baseline(system: str, graph: Graph, topology, weights: str = "sharded",
+                      steady_state: bool = True, rates: Rates = ACHIEVED) -> BaselineTime:
+    """The baseline's time per block (module docstring), its collectives at `rates`, and
+    at_peak_s with them at the links' full rates."""
     if system == "pytorch":
         result = simulate_choice(graph, single_device_choice(graph), topology)
-        return BaselineTime(result.compute_s[0], result.compute_s[0], 0.0, (), "one device")
+        t = result.compute_s[0]
+        return BaselineTime(t, t, 0.0, (), "one device", at_peak_s=t)
+    if system not in NAMED_LAYOUT:
+        raise ValueError(f"no simulated baseline {system!r}: use pytorch or one of "
+                         f"{', '.join(NAMED_LAYOUT)}")
     plan = es_sys.named_plan(graph, topology, NAMED_LAYOUT[system])
     compute_s = max(es_sys.simulate(plan).compute_s)
     colls = collectives_for(system, graph, plan.chosen, weights)
-    bw, lat = ring(topology)
-    comm_s = sum(collective_time(c, n, bw, lat) for c in colls if c.kind != "ring_pass")
+    fab = fabric(topology, tp_group(topology) if system in TP_SYSTEMS else None)
+    attention_s = attention_compute(graph, topology) if system in RING_SYSTEMS else 0.0
+    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s)
+    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s)
+    time_s = _overlap(compute_s, comm_s, gather_s, steady_state)
+    at_peak = _overlap(compute_s, peak_comm, peak_gather, steady_state)
+    return BaselineTime(time_s, compute_s, comm_s, colls,
+                        _note(system, compute_s, comm_s, gather_s, colls, fab, algos,
+                              steady_state),
+                        gather_s, at_peak)
+
+
+def _overlap(compute_s: float, comm_s: float, gather_s: float, steady_state: bool) -> float:
+    """Weight gathers prefetched behind the previous block's compute in the steady state."""
+    return (max(compute_s, gather_s) if steady_state else compute_s + gather_s) + comm_s
+
+
+def _comm(system: str, colls: tuple[Collective, ...], fab: Fabric, rates: Rates,
+          attention_s: float) -> tuple[float, float, dict[str, int]]:
+    """(critical-path collective seconds, weight-gather seconds, algorithms used)."""
+    critical = gathers = ring = 0.0
+    algos: dict[str, int] = {}
+    for c in colls:
+        if system == "vllm-tp" and c.kind == "all_reduce":
+            t, algo = vllm_all_reduce(c.nbytes, fab, rates)
+            algos[algo] = algos.get(algo, 0) + 1
+        else:
+            t = collective_time(c.kind, c.nbytes, fab, rates)
+        if c.weight:
+            gathers += t
+        elif c.kind == "ring_pass":
+            ring += t
+        else:
+            critical += t
     if system in RING_SYSTEMS:
-        ring_s = sum(collective_time(c, n, bw, lat) for c in colls if c.kind == "ring_pass")
-        comm_s += max(0.0, ring_s - attention_compute(graph, topology))
-    kinds = {}
+        critical += max(0.0, ring - attention_s)
+    return critical, gathers, algos
+
+
+def _note(system: str, compute_s: float, comm_s: float, gather_s: float,
+          colls: tuple[Collective, ...], fab: Fabric, algos: dict[str, int],
+          steady_state: bool) -> str:
+    kinds: dict[str, int] = {}
     for c in colls:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
-    what = ", ".join(f"{k} {c}x" for k, c in kinds.items()) or "no collectives"
-    return BaselineTime(compute_s + comm_s, compute_s, comm_s, colls,
-                        f"compute {compute_s * 1e3:.3f} + NCCL ring {comm_s * 1e3:.3f} ms ({what})")
+    what = ", ".join(f"{k} {n}x" for k, n in kinds.items()) or "no collectives"
+    if algos:
+        what += "; vLLM all-reduce: " + ", ".join(f"{a} {n}x" for a, n in algos.items())
+    ms = lambda x: f"{x * 1e3:.3f}"
+    text = f"simulated: compute {ms(compute_s)} + collectives {ms(comm_s)} ms"
+    if gather_s:
+        who = "FSDP forward prefetch" if system == "data-parallel" else "ZeRO-3 prefetch"
+        how = (f"prefetched behind the previous block's compute ({who}), "
+               "max(compute, gathers)" if steady_state else "not hidden (one block)")
+        text += f"; weight all-gathers {ms(gather_s)} ms {how}"
+    if system == "vllm-tp":
+        text += "; vLLM's design (Megatron TP, custom all-reduce), not run"
+    return f"{text} ({what}; NCCL model: {fab.describe()})"
 
 
 def attention_compute(graph: Graph, topology) -> float:

@@ -47,3 +47,25 @@ def test_uneven_split_is_reported_not_hung() -> None:
 def test_percentile_matches_linear_interpolation() -> None:
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.25) == 2.0
+
+
+def test_baselines_run_einsummable_kernels_and_match_the_module(monkeypatch) -> None:
+    # Kernel parity: attention through torch's sdpa (causal), as einsummable's kernel calls it;
+    # the block forward built on it agrees with the module, which spells attention out.
+    import torch
+
+    from experiments.baselines import common
+    calls = []
+    real = common.F.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+    monkeypatch.setattr(common.F, "scaled_dot_product_attention", spy)
+    for w in (Workload("tiny", "llama-tiny", 2, 16), Workload("gqa", "llama3-8b", 2, 8,
+                                                               width=0.25)):
+        block, x = w.build()
+        with torch.no_grad():
+            assert (common.block_forward(block, x) - block(x)).abs().max() <= CHECK_ATOL
+    assert len(calls) == 2 and all(c["is_causal"] for c in calls)
+    assert [c["enable_gqa"] for c in calls] == [False, True]

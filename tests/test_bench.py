@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from experiments import bench, harness
@@ -90,6 +92,65 @@ def test_summary_ratios() -> None:
     assert s["einsummable"]["geomean_ratio_vs_pytorch-tp"] == 1.0 / 2.0
     assert "vllm" not in s
     assert "unavailable: vLLM is not installed" in harness.format_table(rows)
+
+
+def test_headline_is_optimized_over_the_best_baseline_of_each_row() -> None:
+    R = harness.Row
+    rows = [R("c", "a", "einsummable", 8, time_s=2.0), R("c", "a", "pytorch-tp", 8, time_s=4.0),
+            R("c", "a", "data-parallel", 8, time_s=1.0, extra={"at_peak_s": 0.5}),
+            R("c", "a", "floor", 8, time_s=0.1),  # a yardstick, never the best baseline
+            R("c", "b", "einsummable", 8, time_s=3.0), R("c", "b", "pytorch-tp", 8, time_s=6.0),
+            R("c", "b", "data-parallel", 8, time_s=12.0),
+            R("c", "b", "vllm", 8, unavailable="vLLM is not installed")]
+    h = harness.headline(rows)["8"]
+    assert h["per_workload"]["a"] == {"best": "data-parallel", "best_s": 1.0, "ratio": 2.0}
+    assert h["per_workload"]["b"]["best"] == "pytorch-tp"
+    assert h["geomean_vs_best"] == pytest.approx((2.0 * 0.5) ** 0.5)
+    assert h["geomean_vs_pytorch-tp"] == pytest.approx(0.5)
+    assert h["geomean_vs_best_at_peak"] == pytest.approx((4.0 * 0.5) ** 0.5)
+    text = harness.format_headline(harness.headline(rows), published=0.66)
+    assert "best baseline of its row 1.000" in text and "(published 0.66)" in text
+
+
+def test_random_plans_are_simulated_resident_like_the_optimized_plan(monkeypatch) -> None:
+    from experiments import runners
+    seen = []
+    real = runners.simulate_choice
+
+    def spy(graph, choice, topo, **kw):
+        seen.append(graph.outputs)
+        return real(graph, choice, topo, **kw)
+    monkeypatch.setattr(runners, "simulate_choice", spy)
+    cfg = {"name": "rp", "kind": "random_plans", "topology": "cpu4", "dtype": "float32",
+           "samples": 2, "workloads": [{"name": "t", "model": "llama-tiny", "batch": 4,
+                                        "seq": 8}]}
+    res = runners.random_plans(cfg, stream=open(os.devnull, "w"))
+    assert seen == [(), ()] and res.extra["output"] == "resident"
+
+
+def test_naive_exchange_row_is_a_plan_reoptimized_for_it(monkeypatch) -> None:
+    from experiments import einsummable_system as es_sys
+    from experiments import runners
+    modes = []
+    real = es_sys.optimize
+
+    def spy(graph, topo, **kw):
+        modes.append(kw.get("exchange_mode", "optimized"))
+        return real(graph, topo, **kw)
+    monkeypatch.setattr(es_sys, "optimize", spy)
+    cfg = {"name": "ex", "kind": "exchange", "topology": "dgx1-v100", "dtype": "float16",
+           "workloads": [{"name": "c", "chain": "(A B) C",
+                          "shapes": {"A": [512, 256], "B": [256, 512], "C": [512, 256]}}]}
+    res = runners.exchange(cfg, stream=open(os.devnull, "w"))
+    assert modes == ["optimized", "naive"]
+    by = {r.system: r for r in res.rows}
+    assert set(by) == {"einsummable", runners.NAIVE, runners.NAIVE_SAME_PLAN}
+    assert all(r.ok for r in res.rows), [r.unavailable for r in res.rows]
+    assert "re-optimized" in by[runners.NAIVE].note and "old figure" in by[
+        runners.NAIVE_SAME_PLAN].note
+    g = res.extra["gains"]["chain"]
+    assert g["geomean_naive_over_optimized"] == pytest.approx(
+        by[runners.NAIVE].time_s / by["einsummable"].time_s)
 
 
 def test_shipped_configs_parse() -> None:

@@ -8,6 +8,7 @@ Layout (Shoeybi et al., Megatron-LM; vLLM's ColumnParallelLinear / RowParallelLi
 - w1 and w3 are column-parallel over the FFN width, w2 row-parallel, then one all-reduce;
 - RMSNorm and the residual stream are replicated: x enters and leaves whole on every rank.
 Heads split by KV heads (GQA groups stay together); uneven counts go one-larger-first.
+Kernels: einsummable's attention (sdpa, causal) and RMSNorm calls (`common.py`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .common import RankStep, bounds, causal_attention, rotary_tables, rotate
+from .common import RankStep, bounds, causal_attention, rms_norm, rotary_tables, rotate
 
 
 class TensorParallelLlamaBlock(nn.Module):
@@ -42,7 +43,8 @@ class TensorParallelLlamaBlock(nn.Module):
         self.w1 = take(ff.w1.weight[f_lo:f_hi])
         self.w3 = take(ff.w3.weight[f_lo:f_hi])
         self.w2 = take(ff.w2.weight[:, f_lo:f_hi])
-        self.attention_norm, self.ffn_norm = block.attention_norm, block.ffn_norm
+        self.attention_norm_w, self.ffn_norm_w = block.attention_norm.weight, block.ffn_norm.weight
+        self.eps = c.norm_eps
         self.cos, self.sin = att.cos, att.sin
 
     def attention(self, h: torch.Tensor) -> torch.Tensor:
@@ -61,10 +63,10 @@ class TensorParallelLlamaBlock(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.attention(self.attention_norm(x))
+        a = self.attention(rms_norm(x, self.attention_norm_w, self.eps))
         dist.all_reduce(a, group=self.group)
         h = x + a
-        f = self.feed_forward(self.ffn_norm(h))
+        f = self.feed_forward(rms_norm(h, self.ffn_norm_w, self.eps))
         dist.all_reduce(f, group=self.group)
         return h + f
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .common import RankStep, gather_dim, require_even
+from .common import RankStep, gather_dim, require_even, rms_norm
 from .pytorch_tp import TensorParallelLlamaBlock
 
 
@@ -38,9 +38,10 @@ class SequenceParallelLlamaBlock(TensorParallelLlamaBlock):
 
     @torch.no_grad()
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        a = self.attention(self._all_gather_seq(self.attention_norm(x_local)))
+        a = self.attention(self._all_gather_seq(rms_norm(x_local, self.attention_norm_w,
+                                                          self.eps)))
         h = x_local + self._reduce_scatter_seq(a)
-        f = self.feed_forward(self._all_gather_seq(self.ffn_norm(h)))
+        f = self.feed_forward(self._all_gather_seq(rms_norm(h, self.ffn_norm_w, self.eps)))
         return h + self._reduce_scatter_seq(f)
 
 
