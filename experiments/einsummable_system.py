@@ -11,7 +11,8 @@ import torch
 from einsummable import bind, named_plan, optimize as optimize_graph, trace
 from einsummable.backend.lowering import lower
 from einsummable.backend.runtime.dist import execute, rank_blocks
-from einsummable.backend.runtime.simulator import SimResult, simulate as simulate_choice
+from einsummable.backend.runtime.simulator import SimResult, block_time
+from einsummable.backend.runtime.simulator import simulate as simulate_choice
 from einsummable.frontend.ir import Graph
 from einsummable.optimizer.report import NodeCost, explain, plan_costs
 from einsummable.planning.plan import Plan
@@ -20,8 +21,8 @@ from .baselines import RankStep
 from .unavailable import Unavailable
 from .workloads import Workload
 
-__all__ = ["Optimized", "explain", "graph_for", "measured_step", "named_plan", "optimize",
-           "plan_costs", "simulate", "NodeCost"]
+__all__ = ["Optimized", "block_seconds", "explain", "graph_for", "measured_step", "named_plan",
+           "optimize", "plan_costs", "simulate", "NodeCost"]
 
 
 def graph_for(workload: Workload, dtype: str | None = None) -> Graph:
@@ -51,6 +52,13 @@ def simulate(plan: Plan, mode: str = "optimized", resident: bool = True) -> SimR
     """
     graph = dataclasses.replace(plan.graph, outputs=()) if resident else plan.graph
     return simulate_choice(graph, plan.chosen, plan.topology, mode=mode)
+
+
+def block_seconds(plan: Plan) -> float:
+    """Simulated seconds of one block as the plan's objective means it: in a stack with
+    steady state (`simulator.block_time`: no first-block cold start, as FSDP's prefetching
+    baseline is costed), else the plan's program alone."""
+    return block_time(plan) if plan.options.steady_state else simulate_choice(plan).time_s
 
 
 # ------------------------------------------------------------------------------ measured runs
