@@ -1,15 +1,15 @@
-"""CLI `run` (a tiny plan, checked against the reference, --json) and `calibrate --quick`."""
+"""CLI `run` (a tiny plan, checked against the reference, --json); `calibrate` is tested in
+tests/test_calibrate.py."""
 from __future__ import annotations
 
 import json
 
 import pytest
-import yaml
 
-from einsummable.frontend.builder import Builder
 from einsummable.cli import main as cli
+from einsummable.frontend.builder import Builder
 from einsummable.optimizer.api import optimize
-from einsummable.topology import load_topology, read_topology
+from einsummable.topology import load_topology
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +37,3 @@ def test_run_checks_a_tiny_plan(plan_path, backend, capsys):
 def test_run_rejects_a_world_size_mismatch(plan_path, capsys):
     assert cli(["run", plan_path, "--world-size", "3"]) == 2
     assert "4 ranks" in capsys.readouterr().err
-
-
-def test_calibrate_quick_writes_a_loadable_topology(tmp_path, capsys, monkeypatch):
-    # --quick measures with the short effort (its wall time is a figure of
-    # `python -m experiments.speed_checks`, not a test).
-    import einsummable.commands.calibrate as calibrate
-    efforts = []
-    real = calibrate.measure
-    monkeypatch.setattr(calibrate, "measure", lambda world, effort: efforts.append(effort)
-                        or real(world, effort))
-    out = tmp_path / "cpu2.yaml"
-    code = cli(["calibrate", "--world-size", "2", "--quick", "--out", str(out), "--json"])
-    assert efforts == [calibrate.QUICK]
-    assert code == 0
-    got = json.loads(capsys.readouterr().out)
-    text = out.read_text()
-    assert text.startswith("#") and "MEASURED" in text and "calibrate" in text
-    topo = read_topology(yaml.safe_load(text))
-    assert topo.world_size == 2 and topo.link(0, 1).bw == pytest.approx(got["measured"]["p2p_bw"],
-                                                                      rel=0.01)
-    assert topo.devices[0].launch_s > 0 and topo.devices[0].peak("float32") > 1e6

@@ -1,11 +1,13 @@
 """Run every rank's program in one process (the fast path for tests).
 
 Ranks take turns: each runs until it reaches a receive whose message has not been sent yet.
-Messages are clones, so no rank ever aliases another rank's memory."""
+Messages are clones, so no rank ever aliases another rank's memory. Every rank's blocks and
+kernels live on one torch device (`device=`, default the CPU; a GPU runs them with torch's
+asynchronous kernels, so a caller timing a run synchronises the device around it)."""
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -126,12 +128,16 @@ class RankState:
 
 
 def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
-              consts: dict | None = None) -> dict[str, torch.Tensor]:
-    """Outputs of every rank's program run in this process. `consts`: a dict kept by the
-    caller across runs of the same plan, so constant blocks are generated once."""
+              consts: dict | None = None,
+              device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Outputs of every rank's program run in this process, blocks and kernels on `device`
+    (inputs are moved there block by block; the outputs stay there). `consts`: a dict kept by
+    the caller across runs of the same plan on the same device, so constant blocks are
+    generated once."""
     check_inputs(low.graph, inputs)
+    dev = torch.device(device)
     cache = {} if consts is None else consts
-    ranks = [RankState(low, p, inputs, consts=cache.setdefault(p.rank, {}))
+    ranks = [RankState(low, p, inputs, dev, consts=cache.setdefault(p.rank, {}))
              for p in low.programs]
     pcs = [0] * len(ranks)
     mail: dict[int, torch.Tensor] = {}

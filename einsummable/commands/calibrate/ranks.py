@@ -1,4 +1,5 @@
-"""`einsummable calibrate`: measure this machine with real gloo ranks, write a topology YAML.
+"""The gloo half of `einsummable calibrate`: this machine's figures per rank, measured with all
+ranks running at once.
 
 Every rank-local figure is measured with all ranks running at once, at the torch thread count
 the runtime gives each rank, because that is the condition the runtime's programs run under
@@ -8,40 +9,43 @@ the runtime gives each rank, because that is the condition the runtime's program
     memory bw       3 · bytes / t of out = a + b on tensors far above cache  -> mem_bw
     launch          seconds per instruction of the runtime on a 1-rank program of tiny ops
     p2p latency     half the round trip of a 1-element message, median over all pairs
-    p2p bandwidth   bytes / (half round trip - latency) of a large message   -> loopback bw
+    p2p bandwidth   bytes / (half round trip - latency) of a large message
     message         host seconds one more message adds to a batch, every rank exchanging
                     with every peer at once: (T(m) - T(1)) / ((m - 1) · 2 · (world - 1)) for
-                    batches of m tiny sends and receives per peer                -> message
+                    batches of m tiny sends and receives per peer
+
+The three communication figures are independent batches (nothing waits on a result); they are
+kept for comparison. Last, the ranks time dependent exchange rounds (`rounds.py`: chains of
+transfers each rank waits on), from which the link latency, bandwidth and per-message figures
+a topology gets are fitted so that the simulator reproduces them.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import queue
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..backend.lowering import lower
-from ..backend.runtime.dist import (
+from ...backend.lowering import lower
+from ...backend.runtime.dist import (
     WAIT_TIMEOUT_S,
+    WORKER_ENV,
     free_port,
     p2p_barrier,
     threads_per_rank,
 )
-from ..backend.runtime.local import run_local
-from ..errors import PlanError, RuntimeFault
-from ..frontend.builder import Builder
-from ..planning.placement import INPUT_PREFIX, input_op, place
-from ..topology import read_topology, synthetic
-
-HELP = "measure this machine with gloo ranks and write a topology YAML (default topologies/cpu4.yaml)"
+from ...backend.runtime.local import run_local
+from ...errors import RuntimeFault
+from ...frontend.builder import Builder
+from ...planning.placement import INPUT_PREFIX, input_op, place
+from ...topology import synthetic
+from . import rounds
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -57,12 +61,13 @@ class Effort:
     trials: int
     launch_ops: int
     batch_messages: int = 8  # m above: messages per peer in the large batch
+    chains: rounds.ChainEffort = rounds.FULL  # the dependent rounds (`rounds.py`)
 
 
 FULL = Effort(matmul_n=512, matmul_n_half=256, mem_elems=1 << 23, msg_bytes=1 << 24,
               budget_s=0.25, trials=5, launch_ops=200)
 QUICK = Effort(matmul_n=128, matmul_n_half=64, mem_elems=1 << 20, msg_bytes=1 << 20,
-               budget_s=0.01, trials=1, launch_ops=20, batch_messages=4)
+               budget_s=0.01, trials=1, launch_ops=20, batch_messages=4, chains=rounds.QUICK)
 # Timed batches per trial of the message measurement (after one warm-up batch).
 MESSAGE_REPS = 6
 
@@ -79,6 +84,7 @@ class Measured:
     p2p_bw: float
     p2p_latency_s: float
     message_s: float = 0.0
+    chains: tuple[rounds.ChainTime, ...] = ()  # the dependent rounds, measured
 
 
 def _rate(fn: Callable[[], Any], work: float, effort: Effort) -> float:
@@ -105,7 +111,8 @@ def _matmul_rates(effort: Effort) -> dict[str, float]:
         dt = getattr(torch, name)
         a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
         c = torch.empty(n, n, dtype=dt)
-        out[name] = _rate(lambda: torch.matmul(a, b, out=c), 2.0 * n ** 3, effort)
+        out[name] = _rate(lambda a=a, b=b, c=c: torch.matmul(a, b, out=c), 2.0 * n ** 3,
+                          effort)
     return out
 
 
@@ -187,7 +194,7 @@ def _message_s(rank: int, world: int, effort: Effort, timeout: datetime.timedelt
     return statistics.median(per)
 
 
-def _pairs_rounds(world: int) -> list[list[tuple[int, int]]]:
+def pairs_rounds(world: int) -> list[list[tuple[int, int]]]:
     """Round-robin schedule: every pair once, each rank in at most one pair per round."""
     ranks = list(range(world)) + ([None] if world % 2 else [])
     m = len(ranks)
@@ -214,7 +221,7 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
         p2p_barrier(rank, world)
         launch = _launch_s(effort)
         lat, bw = [], []
-        for rnd in _pairs_rounds(world):
+        for rnd in pairs_rounds(world):
             p2p_barrier(rank, world)
             for a, b in rnd:
                 if rank in (a, b):
@@ -226,10 +233,13 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
         p2p_barrier(rank, world)
         message = _message_s(rank, world, effort, timeout)
         p2p_barrier(rank, world)
+        chains = (rounds.time_chains(rank, world, pairs_rounds(world), effort.chains,
+                                     WAIT_TIMEOUT_S) if world > 1 else {})
+        p2p_barrier(rank, world)
         dist.destroy_process_group()
         results.put((rank, "done", {"flops": flops, "mem": mem, "launch": launch,
                                     "lat": lat, "bw": bw, "threads": threads,
-                                    "message": message}))
+                                    "message": message, "chains": chains}))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails cleanly
         results.put((rank, "error", f"{type(e).__name__}: {e}"))
 
@@ -241,8 +251,15 @@ def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measur
     port = free_port()
     procs = [ctx.Process(target=_measure_rank, args=(r, world, port, effort, results),
                          daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
+    # The runtime's workers start with WORKER_ENV; so do these (children read it at start).
+    added = {k: v for k, v in WORKER_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
     got: dict[int, dict] = {}
     deadline = time.monotonic() + limit_s
     try:
@@ -272,82 +289,6 @@ def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measur
                     {k: med(g["flops"][k] for g in got.values()) for k in DTYPES},
                     med(g["mem"] for g in got.values()), float(pages // world),
                     med(g["launch"] for g in got.values()), med(bw), med(lat),
-                    med(g["message"] for g in got.values()))
-
-
-def _si(x: float, unit: str) -> str:
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
-
-
-def _time(s: float) -> str:
-    return f"{s * 1e6:.3g} us"
-
-
-def topology_yaml(m: Measured, name: str) -> str:
-    """The compact schema of topologies/cpu4.yaml, figures replaced by the measured ones."""
-    pf = ", ".join(f"{k}: {_si(m.peak_flops[k], 'FLOP/s')}" for k in DTYPES)
-    return (f"name: {name}\n"
-            f"source_notes: |\n"
-            f"  Measured by `einsummable calibrate` with {m.world_size} gloo ranks at "
-            f"{m.threads_per_rank} torch thread(s)\n"
-            f"  each, all ranks running at once (the condition the runtime's programs run in).\n"
-            f"device_types:\n"
-            f"  cpu:\n"
-            f"    peak_flops: {{{pf}}}\n"
-            f"    mem_bw: {_si(m.mem_bw, 'B/s')}\n"
-            f"    mem_bytes: {_si(m.mem_bytes, 'B')}\n"
-            f"    launch: {_time(m.launch_s)}\n"
-            f"    message: {_time(m.message_s)}\n"
-            f"nodes: {{count: 1, devices_per_node: {m.world_size}, device_type: cpu, "
-            f"name: \"rank{{id}}\"}}\n"
-            f"links:\n"
-            f"  - {{kind: loopback, pairs: all, bw: {_si(m.p2p_bw, 'B/s')}, "
-            f"latency: {_time(m.p2p_latency_s)}}}\n"
-            f"levels:\n"
-            f"  - {{name: rank, groups: per_device}}\n")
-
-
-def render(m: Measured, name: str, command: str) -> str:
-    import yaml
-    body = topology_yaml(m, name)
-    read_topology(yaml.safe_load(body), "calibrate")  # the file we write must load
-    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    head = (f"# {m.world_size} local CPU ranks talking gloo over loopback (tests, the CPU demo).\n"
-            f"# MEASURED on this machine ({os.cpu_count()} cores, torch {torch.__version__}) "
-            f"at {stamp}\n# by: {command}\n")
-    return head + body
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world-size", type=int, default=4, help="gloo ranks to measure with")
-    p.add_argument("--out", default=None,
-                   help="topology YAML to write (default: print it, do not write)")
-    p.add_argument("--name", default=None, help="topology name (default: cpu<world-size>)")
-    p.add_argument("--quick", action="store_true", help="very short measurement (tests)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.world_size < 1:
-        raise PlanError(f"--world-size must be >= 1, got {args.world_size}",
-                        fix="pass the number of local ranks, e.g. --world-size 4")
-    m = measure(args.world_size, QUICK if args.quick else FULL)
-    command = (f"einsummable calibrate --world-size {args.world_size}"
-               + (f" --out {args.out}" if args.out else "") + (" --quick" if args.quick else ""))
-    text = render(m, args.name or f"cpu{args.world_size}", command)
-    if args.out:
-        Path(args.out).write_text(text)
-    if args.json:
-        print(json.dumps({"measured": asdict(m), "out": args.out, "yaml": text},
-                         sort_keys=True))
-    elif not args.out:
-        print(text, end="")
-    else:
-        print(f"wrote {args.out}: matmul fp32 {_si(m.peak_flops['float32'], 'FLOP/s')}, "
-              f"memory {_si(m.mem_bw, 'B/s')}, launch {_time(m.launch_s)}, p2p "
-              f"{_si(m.p2p_bw, 'B/s')} / {_time(m.p2p_latency_s)} per rank, "
-              f"{_time(m.message_s)} per message")
-    return 0
+                    med(g["message"] for g in got.values()),
+                    rounds.summarize([got[r]["chains"] for r in range(world)], effort.chains)
+                    if world > 1 else ())
