@@ -3,11 +3,13 @@
     g = es.trace(module, args)                  # torch.export capture -> es.Graph
     topo = es.load_topology("a100x8")
     plan = es.optimize(g, topo)                 # one MIP over every op's decompositions
+    plan = es.choose_plan(g, topo)              # ... or the least simulated of it and the experts
     print(es.explain(plan))
     outs = es.run(plan, es.bind(g, module, args), backend="gloo")
 
 The names below follow the pipeline: the front end (graphs in), the machine, planning, the
-optimizer, the back end (plans out), and `compile`, which strings them together.
+optimizer, the back end (plans out), the choice by simulated time, and `compile`, which
+strings them together.
 """
 from . import models
 from .backend.lowering import Lowered, lower
@@ -36,6 +38,7 @@ from .optimizer.report import explain
 from .planning.placement import Candidate
 from .planning.plan import Options, Plan
 from .planning.spec import Decomposition, decompositions, tuples
+from .selection.choose import choose_plan
 from .topology import Topology, load_topology
 
 __all__ = [
@@ -49,7 +52,8 @@ __all__ = [
     # the machine
     "Topology", "load_topology",
     # planning and the optimizer
-    "Candidate", "Decomposition", "Options", "Plan", "candidates", "decompositions", "explain",
+    "Candidate", "Decomposition", "Options", "Plan", "candidates", "choose_plan",
+    "decompositions", "explain",
     "named_plan", "optimize", "plan_cost", "tuples",
     # back end and the whole path
     "Lowered", "compile", "lower", "run", "simulate",

@@ -1,5 +1,6 @@
-"""`compile(module, args, topology=..., backend=...)`: trace, optimize, lower, and return a
-callable with the module's signature whose outputs equal the module's.
+"""`compile(module, args, topology=..., backend=...)`: trace, plan, lower, and return a
+callable with the module's signature whose outputs equal the module's. The plan is the least
+simulated of the MIP's optimum and the named strategies (`selection.choose_plan`).
 
 A graph can be passed instead of tracing (`graph=`, or a Graph as `module`), and a plan
 instead of optimizing (`plan=`).
@@ -15,7 +16,7 @@ from .backend.runtime import run
 from .errors import EinsummableError
 from .frontend.capture import trace
 from .frontend.ir import Graph
-from .optimizer.api import optimize
+from .selection.choose import choose_plan
 
 
 def compile(module: Any, args: Sequence[Any] = (), *, topology: Any = "cpu4",
@@ -30,7 +31,7 @@ def compile(module: Any, args: Sequence[Any] = (), *, topology: Any = "cpu4",
     if graph is None:
         graph = trace(module, args)
     if plan is None:
-        plan = optimize(graph, topology)
+        plan = choose_plan(graph, topology)
     low = lower(plan, mode=mode)
     acts = [t.name for t in graph.inputs if t.kind == "input"]
     weights = [t.name for t in graph.weights]

@@ -15,7 +15,8 @@ HARNESS = ("experiments", "paper_figs")
 MAX_LINES = 600
 # The pipeline's stages, bottom first: a stage may import only stages below it (and itself).
 STAGES = ("einsummable.core", "einsummable.frontend", "einsummable.topology",
-          "einsummable.planning", "einsummable.optimizer", "einsummable.backend")
+          "einsummable.planning", "einsummable.optimizer", "einsummable.backend",
+          "einsummable.selection")
 
 
 def _module_name(path: Path) -> str:

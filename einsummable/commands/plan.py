@@ -1,5 +1,8 @@
 """`einsummable plan --model NAME | --module path.py:Class --topology NAME`: optimise a plan.
 
+The plan printed is the least simulated of the MIP's optimum and the named strategies
+(`selection.choose_plan`); `--mip-only` returns the MIP's optimum without simulating.
+
 Models by preset name are captured from their nn.Module built on the meta device (no weights
 are allocated); `--module` imports a file and captures `Class()` on an input of shape
 (batch, seq, dim) where dim comes from `--dim` or the class's `dim` attribute.
@@ -17,6 +20,7 @@ from ..frontend.capture import trace
 from ..models.presets import preset
 from ..optimizer.api import named_plan, optimize
 from ..optimizer.report import explain
+from ..selection.choose import choose_plan
 from ..topology import load_topology
 
 HELP = "optimise a multi-device plan for a model on a topology"
@@ -42,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default=None,
                    help="a named strategy instead of the optimizer (data-parallel, fsdp, "
                         "megatron-tp, megatron-tp-sp, ulysses)")
+    p.add_argument("--mip-only", action="store_true",
+                   help="return the MIP's optimum as it is, without simulating it beside the "
+                        "named strategies and keeping the fastest")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the plan cache")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--out", default=None, help="write the plan JSON here")
@@ -77,16 +84,20 @@ def main(args: argparse.Namespace) -> int:
     if args.strategy:
         plan = named_plan(graph, topo, args.strategy, weights=args.weights,
                           steady_state=args.steady_state)
-    else:
+    elif args.mip_only:
         plan = optimize(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
                         steady_state=args.steady_state, cache=not args.no_cache)
+    else:
+        plan = choose_plan(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
+                           steady_state=args.steady_state, cache=not args.no_cache)
     if args.out:
         Path(args.out).write_text(plan.to_json())
     if args.json:
         summary = {"objective_s": plan.objective_s, "bound_s": plan.bound_s, "gap": plan.gap,
                    "solve_s": plan.solve_s, "topology": topo.name, "ops": len(graph.ops),
                    "options": plan.to_dict()["options"], "out": args.out,
-                   "choice": {k: str(c) for k, c in plan.choice}}
+                   "choice": {k: str(c) for k, c in plan.choice},
+                   "judged": None if plan.judged is None else plan.judged.to_dict()}
         print(json.dumps(summary, sort_keys=True))
     else:
         print(explain(plan, strategies=False))

@@ -45,6 +45,21 @@ def plan_costs(plan: Plan) -> dict[str, NodeCost]:
     return node_costs(model, {k: 0 for k in model.nodes})
 
 
+def _judged_lines(plan: Plan) -> list[str]:
+    """What the simulator said: this plan's time, every plan it was chosen from, and which
+    claim holds on which model."""
+    j = plan.judged
+    what = "one block in a stack" if j.measure == "block" else "its program"
+    out = [f"simulated {j.simulated_s * MS:.4f} ms ({what}): the least of {len(j.considered)} "
+           f"plans simulated (objective / simulated ms):"]
+    out.extend(f"  {c.label:<18} {c.objective_s * MS:>10.4f} {c.simulated_s * MS:>10.4f}"
+               for c in j.considered)
+    proof = ("the bound and gap above are a proof on the objective's model; "
+             if plan.bound_s is not None else "")
+    out.append(f"  {proof}the choice by simulated time holds among these plans only")
+    return out
+
+
 def explain(plan: Plan, strategies: bool = True) -> str:
     """Text report: the objective and its parts, then per node the split per level, compute
     and exchange milliseconds, megabytes moved in, and (with `strategies`) the node's
@@ -69,6 +84,8 @@ def explain(plan: Plan, strategies: bool = True) -> str:
                 if plan.bound_s is not None and plan.gap is not None else "")
              + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")
              + (" (stopped at the time limit: the best plan found)" if stopped else "")]
+    if plan.judged is not None:
+        lines.extend(_judged_lines(plan))
     if options.overlap:
         parts = split(model, mine)
         lines.append(f"activation exchanges {parts.activations_s * MS:.4f} ms + max(compute "

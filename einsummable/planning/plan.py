@@ -7,7 +7,9 @@ model from `Plan.options`, so a plan is always priced on the model it was solved
 The JSON form is self-contained (graph and topology included), so a worker can run a plan from
 the file alone. It is canonical: sorted keys, no whitespace, and no wall-clock figure unless
 asked for (`to_json(timing=True)`), so the same graph, topology and options give the same bytes.
-Its "options" object holds the options' fields and the origin's side by side.
+Its "options" object holds the options' fields and the origin's side by side; "judged", where
+present, what the simulator said of the plan and of the plans it was chosen from
+(`selection/`).
 """
 from __future__ import annotations
 
@@ -95,6 +97,41 @@ class Named:
 
 
 Origin = Solved | Named
+
+
+@dataclass(frozen=True)
+class Considered:
+    """One plan the selection stage simulated: its label ("optimized", or a strategy's name),
+    its objective and its simulated seconds."""
+    label: str
+    objective_s: float
+    simulated_s: float
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "objective_s": self.objective_s,
+                "simulated_s": self.simulated_s}
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What the simulator said of a plan chosen by `selection.choose_plan`: its simulated
+    seconds (`measure`: "block", one block in a stack, or "program", the plan's program
+    alone) and every plan it was chosen from, least simulated first. The objective's bound
+    and gap are a proof on the objective's model; the choice among the considered plans is
+    by simulated time and proves nothing beyond them."""
+    simulated_s: float
+    measure: str
+    considered: tuple[Considered, ...]
+
+    def to_dict(self) -> dict:
+        return {"simulated_s": self.simulated_s, "measure": self.measure,
+                "considered": [c.to_dict() for c in self.considered]}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Judged":
+        return Judged(float(d["simulated_s"]), str(d["measure"]),
+                      tuple(Considered(str(c["label"]), float(c["objective_s"]),
+                                       float(c["simulated_s"])) for c in d["considered"]))
 _ORIGIN_KEYS = ("solver", "status", "time_limit_s", "warm_start", "strategy", "inexact_ops")
 
 
@@ -116,6 +153,7 @@ class Plan:
     solve_s: float
     options: Options
     origin: Origin
+    judged: Judged | None = None
 
     @property
     def chosen(self) -> dict[str, Candidate]:
@@ -140,6 +178,8 @@ class Plan:
              "objective_s": _num(self.objective_s), "bound_s": _num(self.bound_s),
              "gap": _num(self.gap),
              "options": {**self.options.to_dict(), **self.origin.to_dict()}}
+        if self.judged is not None:
+            d["judged"] = self.judged.to_dict()
         if timing:
             d["solve_s"] = self.solve_s
         return d
@@ -163,7 +203,7 @@ class Plan:
         choice = tuple((k, Candidate.from_json(c)) for k, c in d["choice"])
         return Plan(graph, topology, choice, float(d["objective_s"]), d.get("bound_s"),
                     d.get("gap"), float(d.get("solve_s", 0.0)), Options.from_dict(opts),
-                    _origin(opts))
+                    _origin(opts), Judged.from_dict(d["judged"]) if "judged" in d else None)
 
     @staticmethod
     def from_json(text: str) -> "Plan":

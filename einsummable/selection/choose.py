@@ -1,0 +1,89 @@
+"""Close the loop between the objective and the simulator: choose by simulated time.
+
+The MIP minimises the objective T_obj(p) exactly, with a proof (bound, gap) on that model. The
+simulator's time T_sim(p) runs the very programs lowering emits, with the schedule the MIP
+cannot state (sends leaving as data arrives, relays stored and forwarded, prefetch windows).
+Where the two disagree the MIP's optimum need not be the fastest plan, so the plan returned
+is
+
+    p* = argmin over p in P of T_sim(p),   P = {MIP optimum} u {named strategies} u {variants}
+
+ties going to the earlier member of P (the MIP's optimum first). Every member is a plan of
+the same graph and topology under the same weights option (a strategy that needs other
+weights, data parallel's replicas under "sharded", is not a legal plan of these options and
+is left out), so p* is as legal as the MIP's optimum and never simulates slower than any
+strategy considered. The MIP's bound stays a proof on the objective's model; that p* is best
+holds only among P, and the report says so (`Plan.judged`).
+
+T_sim is `simulator.block_time` (one block in a stack) for a steady-state plan, the time of
+its program otherwise: the same figure the objective predicts (`docs/ARCHITECTURE.md`, "One
+model of time").
+
+Variants: the MIP re-solved under the other overlap rule (every exchange on the critical path
+instead of weights streamed behind compute), a different prediction of the same programs,
+which wins where the prefetch window cannot hide what the objective streams.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+from ..backend.runtime.simulator import block_time, simulate
+from ..frontend.ir import Graph
+from ..optimizer.api import named_plan, optimize, resolve_options
+from ..optimizer.model import build_model
+from ..optimizer.named import STRATEGIES, STRATEGY_WEIGHTS
+from ..planning.plan import Considered, Judged, Options, Plan
+from ..topology import load_topology
+
+OPTIMIZED = "optimized"
+SERIAL = "optimized-serial"  # the MIP under the other overlap rule
+BLOCK, PROGRAM = "block", "program"
+
+
+def simulated_s(plan: Plan) -> tuple[float, str]:
+    """The simulated seconds the plan's objective predicts, and which measure it is."""
+    if plan.options.steady_state:
+        return block_time(plan), BLOCK
+    return simulate(plan).time_s, PROGRAM
+
+
+def pool_labels(options: Options, strategies: Sequence[str] = STRATEGIES,
+                serial: bool = False) -> tuple[str, ...]:
+    """The labels of the plans considered, in tie-breaking order."""
+    named = tuple(s for s in strategies
+                  if STRATEGY_WEIGHTS.get(s, options.weights) == options.weights)
+    return (OPTIMIZED,) + ((SERIAL,) if serial else ()) + named
+
+
+def choose_plan(graph: Graph, topology, *, options: Options | None = None,
+                time_limit_s: float | None = None, cache: bool | str | os.PathLike = True,
+                strategies: Sequence[str] = STRATEGIES, serial: bool = False,
+                **shortcuts) -> Plan:
+    """The least simulated plan among the MIP's optimum, the named `strategies` legal under
+    the options, and (with `serial`) the MIP under the other overlap rule; `Plan.judged`
+    holds every plan's objective and simulated seconds. `time_limit_s` and `cache` go to
+    each MIP solve; `shortcuts` are `optimize`'s option keywords (`resolve_options`)."""
+    topology = load_topology(topology)
+    options = resolve_options(options, **shortcuts)
+    plans: list[tuple[str, Plan]] = []
+    shared = None  # one model for every named plan, built when the first needs it
+    for label in pool_labels(options, strategies, serial):
+        if label == OPTIMIZED:
+            plan = optimize(graph, topology, time_limit_s, options=options, cache=cache)
+        elif label == SERIAL:
+            other = dataclasses.replace(options, overlap=not options.overlap)
+            plan = optimize(graph, topology, time_limit_s, options=other, cache=cache)
+        else:
+            shared = shared or build_model(graph, topology, options)
+            plan = named_plan(graph, topology, label, options=options, model=shared)
+        plans.append((label, plan))
+    judged = []
+    for order, (label, plan) in enumerate(plans):
+        seconds, measure = simulated_s(plan)
+        judged.append((seconds, order, Considered(label, plan.objective_s, seconds)))
+    judged.sort(key=lambda j: (j[0], j[1]))
+    best = plans[judged[0][1]][1]
+    return dataclasses.replace(best, judged=Judged(judged[0][0], measure,
+                                                   tuple(j[2] for j in judged)))

@@ -1,0 +1,101 @@
+"""The selection stage: the plan returned is the least simulated of the MIP's optimum and the
+named strategies legal under its options, and it says so."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from einsummable.cli import main as cli
+from einsummable.optimizer.api import named_plan, optimize
+from einsummable.optimizer.report import explain
+from einsummable.planning.plan import Named, Options, Plan, Solved
+from einsummable.selection import choose
+from einsummable.selection.choose import choose_plan, pool_labels, simulated_s
+from einsummable.topology import load_topology
+from tests.helpers import llama_tiny, mlp
+
+
+@pytest.fixture(scope="module")
+def chosen():
+    g, _, _ = llama_tiny(2, 8)
+    return g, choose_plan(g, "cpu2", options=Options("sharded", True), cache=False)
+
+
+def test_the_chosen_plan_is_the_least_simulated_of_its_pool(chosen):
+    g, plan = chosen
+    j = plan.judged
+    labels = [c.label for c in j.considered]
+    # data parallel needs replicated weights: not a plan of weights="sharded"
+    assert sorted(labels) == sorted(pool_labels(plan.options)) and "data-parallel" not in labels
+    times = [c.simulated_s for c in j.considered]
+    assert times == sorted(times) and j.simulated_s == times[0] and j.measure == "block"
+    # the figures are the simulator's and the objective's of the very plans considered
+    best = j.considered[0]
+    assert simulated_s(plan) == (pytest.approx(best.simulated_s), "block")
+    if best.label == "optimized":
+        assert isinstance(plan.origin, Solved)
+        assert best.objective_s == pytest.approx(
+            optimize(g, "cpu2", options=plan.options, cache=False).objective_s)
+    else:
+        assert plan.origin == Named(best.label)
+    for c in j.considered:
+        if c.label not in ("optimized", best.label):
+            other = named_plan(g, "cpu2", c.label, options=plan.options)
+            assert c.objective_s == pytest.approx(other.objective_s)
+            assert c.simulated_s >= j.simulated_s
+
+
+def test_judged_survives_json_and_the_report_says_what_holds_where(chosen):
+    _, plan = chosen
+    again = Plan.from_json(plan.to_json())
+    assert again.judged == plan.judged and again.to_json() == plan.to_json()
+    text = explain(plan, strategies=False)
+    assert f"simulated {plan.judged.simulated_s * 1e3:.4f} ms (one block in a stack)" in text
+    assert "holds among these plans only" in text
+    for c in plan.judged.considered:
+        assert c.label in text
+    # a plan that was not judged keeps the JSON it had (no "judged" key)
+    assert "judged" not in json.loads(optimize(mlp(64, 32, 64), "cpu2", cache=False).to_json())
+
+
+def test_a_strategy_that_simulates_faster_is_returned(monkeypatch):
+    # The simulator's verdict decides, not the objective: make fsdp the fastest.
+    g = mlp(64, 32, 64)
+    order = {"fsdp": 1.0}
+    monkeypatch.setattr(choose, "simulated_s",
+                        lambda p: (order.get(getattr(p.origin, "strategy", None), 2.0),
+                                   "program"))
+    plan = choose_plan(g, "cpu2", cache=False)
+    assert plan.origin == Named("fsdp") and plan.judged.simulated_s == 1.0
+    assert [c.label for c in plan.judged.considered][:2] == ["fsdp", "optimized"]
+
+
+def test_ties_go_to_the_mip_and_free_weights_admit_data_parallel(monkeypatch):
+    g = mlp(64, 32, 64)
+    monkeypatch.setattr(choose, "simulated_s", lambda p: (1.0, "program"))
+    plan = choose_plan(g, "cpu2", weights="free", cache=False)
+    assert isinstance(plan.origin, Solved)
+    assert "data-parallel" in [c.label for c in plan.judged.considered]
+
+
+def test_the_serial_variant_is_the_mip_under_the_other_overlap_rule():
+    g = mlp(64, 32, 64)
+    plan = choose_plan(g, "cpu2", cache=False, serial=True, strategies=())
+    assert sorted(c.label for c in plan.judged.considered) == ["optimized", "optimized-serial"]
+    serial = optimize(g, "cpu2", options=Options(overlap=False), cache=False)
+    got = {c.label: c for c in plan.judged.considered}["optimized-serial"]
+    assert got.objective_s == pytest.approx(serial.objective_s)
+
+
+def test_cli_plan_judges_unless_told_not_to(capsys):
+    topo = "cpu2"
+    assert load_topology(topo).world_size == 2
+    args = ["plan", "--model", "llama-tiny", "--topology", topo, "--batch", "1", "--seq", "8",
+            "--dtype", "float32", "--no-cache", "--json"]
+    assert cli(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["judged"]["simulated_s"] == min(c["simulated_s"]
+                                               for c in out["judged"]["considered"])
+    assert cli(args + ["--mip-only"]) == 0
+    assert json.loads(capsys.readouterr().out)["judged"] is None
