@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 from einsummable.frontend.ir import Graph
-from einsummable.planning.placement import INPUT_PREFIX, input_op, place
+from einsummable.planning.placement import one_device_choice
 
 from . import einsummable_system as es_sys
 from .collectives import (
@@ -173,19 +173,12 @@ def attention_boundary(graph: Graph) -> tuple[list[str], list[str], list[str]]:
     return ins, keys, sorted(outs)
 
 
-def single_device_choice(graph: Graph) -> dict:
-    """Every op and graph input whole on device 0."""
-    choice = {INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in graph.inputs}
-    choice.update({op.name: place(op, {}, [0]) for op in graph.ops})
-    return choice
-
-
 def simulate_baseline(system: str, graph: Graph, topology, weights: str = "sharded",
                       steady_state: bool = True, rates: Rates = ACHIEVED) -> BaselineTime:
     """The baseline's time per block (module docstring), its collectives at `rates`, and
     at_peak_s with them at the links' full rates."""
     if system == "pytorch":
-        result = simulate_choice(graph, single_device_choice(graph), topology)
+        result = simulate_choice(graph, one_device_choice(graph), topology)
         t = result.compute_s[0]
         return BaselineTime(t, t, 0.0, (), "one device", at_peak_s=t)
     if system not in NAMED_LAYOUT:

@@ -232,14 +232,11 @@ LLAMA_TINY_STRATEGIES = ("data-parallel", "fsdp", "megatron-tp")
 
 
 def named_plans(g, topo) -> dict[str, dict]:
-    """Hand plans (one device, random, batch- and head-parallel), the optimizer's named
-    strategies `LLAMA_TINY_STRATEGIES` and its optimum; a strategy that fails raises."""
+    """Hand plans (random, batch- and head-parallel), the optimizer's named strategies
+    `LLAMA_TINY_STRATEGIES`, one device, and its optimum; a strategy that fails raises."""
     from einsummable.optimizer.api import named_plan, optimize
-    from einsummable.planning.placement import INPUT_PREFIX, input_op, place
     n = topo.world_size
-    out = {"one-device": {k: place(input_op(g.tensor(k[len(INPUT_PREFIX):]))
-                                   if k.startswith(INPUT_PREFIX) else g.op(k), {}, [0])
-                          for k in split_plan(g, 1, ())},
+    out = {"one-device": dict(named_plan(g, topo, "one-device").choice),
            "random": random_choice(g, n, random.Random(0)),
            "batch-parallel": split_plan(g, n, ("b",)),
            "head-parallel": split_plan(g, n, ("h", "f", "n", "b"))}

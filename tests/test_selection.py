@@ -99,3 +99,34 @@ def test_cli_plan_judges_unless_told_not_to(capsys):
                                                for c in out["judged"]["considered"])
     assert cli(args + ["--mip-only"]) == 0
     assert json.loads(capsys.readouterr().out)["judged"] is None
+
+
+def test_one_device_sends_nothing_and_is_chosen_where_it_is_fastest():
+    # On two devices of a synthetic machine this MLP's compute is too small to pay for any
+    # exchange: everything on device 0 is the fastest plan, and it is not among the MIP's
+    # candidates (each of which uses every device), so only selection can find it.
+    from einsummable.backend.runtime.simulator import simulate
+    from einsummable.topology import synthetic
+    g, topo = mlp(256, d=512, f=2048), synthetic(2, mem_bytes=2e7)
+    one = named_plan(g, topo, "one-device")
+    assert one.origin == Named("one-device")
+    assert all(c.devices == ((0,),) for _, c in one.choice)
+    sim = simulate(one)
+    assert sim.compute_s[1] == 0.0 and not sim.link_bytes
+    plan = choose_plan(g, topo, cache=False)
+    assert plan.origin == Named("one-device")
+    mip = {c.label: c for c in plan.judged.considered}["optimized"]
+    assert plan.judged.simulated_s < mip.simulated_s and one.objective_s < mip.objective_s
+
+
+def test_one_device_that_does_not_fit_is_left_out_and_says_why():
+    from einsummable.errors import InfeasibleError
+    from einsummable.topology import synthetic
+    g, topo = mlp(256, d=512, f=2048), synthetic(2, mem_bytes=8e6)  # fits on two, not one
+    with pytest.raises(InfeasibleError, match="does not fit on device 0: .* MB live"):
+        named_plan(g, topo, "one-device")
+    plan = choose_plan(g, topo, cache=False)
+    assert "one-device" not in [c.label for c in plan.judged.considered]
+    assert [label for label, _ in plan.judged.left_out] == ["one-device"]
+    assert "left out: the whole graph does not fit" in explain(plan, strategies=False)
+    assert Plan.from_json(plan.to_json()).judged == plan.judged

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "runs out, the best plan found and its gap")
     p.add_argument("--strategy", default=None,
                    help="a named strategy instead of the optimizer (data-parallel, fsdp, "
-                        "megatron-tp, megatron-tp-sp, ulysses)")
+                        "megatron-tp, megatron-tp-sp, ulysses, one-device)")
     p.add_argument("--mip-only", action="store_true",
                    help="return the MIP's optimum as it is, without simulating it beside the "
                         "named strategies and keeping the fastest")

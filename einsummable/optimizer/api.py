@@ -7,16 +7,16 @@ import os
 import time
 from typing import Mapping
 
-from ..errors import PlanError
+from ..errors import InfeasibleError, PlanError
 from ..frontend.ir import Graph
 from ..planning.candidates import graph_candidates
 from ..planning.cost import CostModel
-from ..planning.placement import Candidate
+from ..planning.placement import Candidate, one_device_choice
 from ..planning.plan import Named, Options, Origin, Plan, Solved
 from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
 from .model import Model, build_model, fixed_nodes
-from .named import STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
+from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
 from .pricing import EdgePricer
 from .search import solve_model
@@ -25,6 +25,7 @@ from .search import solve_model
 # order), not a missing proof: an optimal plan reports its objective as the bound, so the
 # same inputs give the same bytes whichever rounds (timed decisions) proved it.
 ROUNDING_GAP = 1e-12
+MB = 1e6
 
 
 def resolve_options(options: Options | None = None, *, weights: str | None = None,
@@ -92,11 +93,30 @@ def named_plan(graph: Graph, topology, name: str, *, options: Options | None = N
                               overlap=overlap)
     options = dataclasses.replace(options,
                                   weights=STRATEGY_WEIGHTS.get(name, options.weights))
+    if name == ONE_DEVICE:
+        return _one_device_plan(graph, topology, options)
     if model is None or model.options != options:
         model = build_model(graph, topology, options)
     assignment, inexact = named_assignment(model, name)
     obj = objective_s(model, assignment)
     return _plan(model, assignment, obj, None, None, 0.0, Named(name, tuple(inexact)))
+
+
+def _one_device_plan(graph: Graph, topology, options: Options) -> Plan:
+    """Everything on device 0, priced on the model fixed to it. A fixed model keeps a memory
+    row only where the choice overfills it (`memory.memory_rows`), so any row means it does
+    not fit."""
+    model = build_model(graph, topology, options,
+                        fixed_nodes(graph, topology, options, one_device_choice(graph)))
+    if model.memory is not None:
+        need = max(sum(rows[i][0] for rows in model.memory.values())
+                   for i in range(len(model.capacities)))
+        raise InfeasibleError(f"the whole graph does not fit on device 0: {need / MB:.1f} MB "
+                              f"live at its peak, {model.capacities[0] / MB:.1f} MB there",
+                              fix="use a plan over several devices")
+    assignment = {k: 0 for k in model.nodes}
+    return _plan(model, assignment, objective_s(model, assignment), None, None, 0.0,
+                 Named(ONE_DEVICE))
 
 
 def optimize(graph: Graph, topology, time_limit_s: float | None = None,

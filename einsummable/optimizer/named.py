@@ -16,6 +16,9 @@ plan's (on the same cost model and constraints).
 - megatron-tp-sp: as megatron-tp, but the replicated ops split the sequence instead.
 - ulysses: split the sequence everywhere except attention (ops with two sequence modes: query
   and key), which splits heads.
+- one-device: every op and input whole on device 0, the plan that sends nothing. It is not
+  among the candidates (each of which uses every device), so it is no warm start for the MIP;
+  `api.named_plan` prices it on a model whose nodes are fixed to it, memory rows included.
 """
 from __future__ import annotations
 
@@ -28,12 +31,14 @@ from ..planning.placement import INPUT_PREFIX
 from .model import EdgeTerm, Model
 
 STRATEGIES = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")
+ONE_DEVICE = "one-device"
+NAMED = STRATEGIES + (ONE_DEVICE,)  # every name `named_plan` takes
 STRATEGY_WEIGHTS = {"data-parallel": "free"}  # overrides of the weights option
 
 
 def check_strategy(name: str) -> None:
-    if name not in STRATEGIES:
-        raise PlanError(f"unknown strategy {name!r}", fix=f"use one of: {', '.join(STRATEGIES)}")
+    if name not in NAMED:
+        raise PlanError(f"unknown strategy {name!r}", fix=f"use one of: {', '.join(NAMED)}")
 
 
 def _divisors_desc(n: int) -> list[int]:

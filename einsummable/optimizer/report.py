@@ -54,6 +54,7 @@ def _judged_lines(plan: Plan) -> list[str]:
            f"plans simulated (objective / simulated ms):"]
     out.extend(f"  {c.label:<18} {c.objective_s * MS:>10.4f} {c.simulated_s * MS:>10.4f}"
                for c in j.considered)
+    out.extend(f"  {label:<18} left out: {why}" for label, why in j.left_out)
     proof = ("the bound and gap above are a proof on the objective's model; "
              if plan.bound_s is not None else "")
     out.append(f"  {proof}the choice by simulated time holds among these plans only")

@@ -164,3 +164,8 @@ def random_choice(graph, n: int, rng, *, exact: bool = False,
             rng.shuffle(devs)
         return place(op, dec.part, devs)
     return _with_inputs(graph, cand)
+
+
+def one_device_choice(graph, device: int = 0) -> dict[str, Candidate]:
+    """Every op and graph input whole on one device: the plan that sends nothing."""
+    return _with_inputs(graph, lambda op: place(op, {}, [device], f"whole on device {device}"))

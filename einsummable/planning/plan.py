@@ -118,20 +118,24 @@ class Judged:
     seconds (`measure`: "block", one block in a stack, or "program", the plan's program
     alone) and every plan it was chosen from, least simulated first. The objective's bound
     and gap are a proof on the objective's model; the choice among the considered plans is
-    by simulated time and proves nothing beyond them."""
+    by simulated time and proves nothing beyond them. `left_out`: (label, why) of the plans
+    that could not be made (one device without the memory for the whole graph)."""
     simulated_s: float
     measure: str
     considered: tuple[Considered, ...]
+    left_out: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict:
         return {"simulated_s": self.simulated_s, "measure": self.measure,
-                "considered": [c.to_dict() for c in self.considered]}
+                "considered": [c.to_dict() for c in self.considered],
+                "left_out": [list(x) for x in self.left_out]}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Judged":
         return Judged(float(d["simulated_s"]), str(d["measure"]),
                       tuple(Considered(str(c["label"]), float(c["objective_s"]),
-                                       float(c["simulated_s"])) for c in d["considered"]))
+                                       float(c["simulated_s"])) for c in d["considered"]),
+                      tuple((str(a), str(b)) for a, b in d.get("left_out", ())))
 _ORIGIN_KEYS = ("solver", "status", "time_limit_s", "warm_start", "strategy", "inexact_ops")
 
 

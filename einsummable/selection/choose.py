@@ -11,7 +11,7 @@ is
 ties going to the earlier member of P (the MIP's optimum first). Every member is a plan of
 the same graph and topology under the same weights option (a strategy that needs other
 weights, data parallel's replicas under "sharded", is not a legal plan of these options and
-is left out), so p* is as legal as the MIP's optimum and never simulates slower than any
+is left out; so is one device when the graph's memory does not fit there), so p* is as legal as the MIP's optimum and never simulates slower than any
 strategy considered. The MIP's bound stays a proof on the objective's model; that p* is best
 holds only among P, and the report says so (`Plan.judged`).
 
@@ -33,7 +33,8 @@ from ..backend.runtime.simulator import block_time, simulate
 from ..frontend.ir import Graph
 from ..optimizer.api import named_plan, optimize, resolve_options
 from ..optimizer.model import build_model
-from ..optimizer.named import STRATEGIES, STRATEGY_WEIGHTS
+from ..errors import InfeasibleError
+from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS
 from ..planning.plan import Considered, Judged, Options, Plan
 from ..topology import load_topology
 
@@ -49,7 +50,7 @@ def simulated_s(plan: Plan) -> tuple[float, str]:
     return simulate(plan).time_s, PROGRAM
 
 
-def pool_labels(options: Options, strategies: Sequence[str] = STRATEGIES,
+def pool_labels(options: Options, strategies: Sequence[str] = NAMED,
                 serial: bool = False) -> tuple[str, ...]:
     """The labels of the plans considered, in tie-breaking order."""
     named = tuple(s for s in strategies
@@ -59,7 +60,7 @@ def pool_labels(options: Options, strategies: Sequence[str] = STRATEGIES,
 
 def choose_plan(graph: Graph, topology, *, options: Options | None = None,
                 time_limit_s: float | None = None, cache: bool | str | os.PathLike = True,
-                strategies: Sequence[str] = STRATEGIES, serial: bool = False,
+                strategies: Sequence[str] = NAMED, serial: bool = False,
                 **shortcuts) -> Plan:
     """The least simulated plan among the MIP's optimum, the named `strategies` legal under
     the options, and (with `serial`) the MIP under the other overlap rule; `Plan.judged`
@@ -68,6 +69,7 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
     topology = load_topology(topology)
     options = resolve_options(options, **shortcuts)
     plans: list[tuple[str, Plan]] = []
+    left_out: list[tuple[str, str]] = []
     shared = None  # one model for every named plan, built when the first needs it
     for label in pool_labels(options, strategies, serial):
         if label == OPTIMIZED:
@@ -75,6 +77,12 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
         elif label == SERIAL:
             other = dataclasses.replace(options, overlap=not options.overlap)
             plan = optimize(graph, topology, time_limit_s, options=other, cache=cache)
+        elif label == ONE_DEVICE:
+            try:
+                plan = named_plan(graph, topology, label, options=options)
+            except InfeasibleError as e:  # recorded in Plan.judged, not hidden
+                left_out.append((label, str(e)))
+                continue
         else:
             shared = shared or build_model(graph, topology, options)
             plan = named_plan(graph, topology, label, options=options, model=shared)
@@ -86,4 +94,5 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
     judged.sort(key=lambda j: (j[0], j[1]))
     best = plans[judged[0][1]][1]
     return dataclasses.replace(best, judged=Judged(judged[0][0], measure,
-                                                   tuple(j[2] for j in judged)))
+                                                   tuple(j[2] for j in judged),
+                                                   tuple(left_out)))
