@@ -28,14 +28,20 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 def evaluate_op(op: Op, blocks: Sequence[torch.Tensor],
                 ranges: Mapping[str, Range] | None = None) -> torch.Tensor:
     """Run `op` on input blocks. `ranges` gives each mode's global range (default: whole)."""
+    return op_runner(op, ranges)(blocks)
+
+
+def op_runner(op: Op, ranges: Mapping[str, Range] | None = None) -> Callable[
+        [Sequence[torch.Tensor]], torch.Tensor]:
+    """`evaluate_op` with the op and its ranges bound: executors that run one block of one op
+    again and again build this once per instruction, so a call pays for the kernel only."""
     if ranges is None:
         ranges = {m: (0, op.size[m]) for m in op.modes}
     if op.fused is not None:
         rng = dict(ranges)
-        out_shape = [math.prod(rng[m][1] - rng[m][0] for m in g) for g in op.out_dims]
-        return run_kernel(op, blocks, rng).reshape(out_shape)
-    ext = tuple(ranges[m][1] - ranges[m][0] for m in op.modes)
-    return _plan(op, ext)(blocks)
+        out_shape = torch.Size(math.prod(rng[m][1] - rng[m][0] for m in g) for g in op.out_dims)
+        return lambda blocks: shaped(run_kernel(op, blocks, rng), out_shape)
+    return _plan(op, tuple(ranges[m][1] - ranges[m][0] for m in op.modes))
 
 
 # Executors run the same op on blocks of the same extents again and again: each (op, block
@@ -59,9 +65,15 @@ def _plan(op: Op, ext_t: tuple[int, ...]) -> _Plan:
 _PLANS: dict[tuple[int, tuple[int, ...]], tuple[Op, _Plan]] = {}
 
 
+def shaped(t: torch.Tensor, size: torch.Size) -> torch.Tensor:
+    """`t.reshape(size)`, skipped when `t` has that shape already: on the small blocks of a
+    split plan a reshape's dispatch costs as much as the arithmetic."""
+    return t if t.shape == size else t.reshape(size)
+
+
 def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
-    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
-    fine_shapes = [[ext[m] for g in d for m in g] for d in op.in_dims]
+    out_shape = torch.Size(math.prod(ext[m] for m in g) for g in op.out_dims)
+    fine_shapes = [torch.Size(ext[m] for g in d for m in g) for d in op.in_dims]
     letters = {m: _LETTERS[i] for i, m in enumerate(op.modes)}
     present = [m for m in op.out_modes if any(m in flat_modes(d) for d in op.in_dims)]
     product = op.join.scaled_product()
@@ -80,10 +92,10 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
             return mm
 
         def run_einsum(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
-            result = torch.einsum(eq, *(blocks[i].reshape(s) for i, s in zip(factors, shapes)))
+            result = torch.einsum(eq, *(shaped(blocks[i], s) for i, s in zip(factors, shapes)))
             if scale != 1.0:
                 result = result * scale
-            return result.reshape(out_shape)
+            return shaped(result, out_shape)
         return run_einsum
     # General path: broadcast every operand over all modes, join, fold the aggregated modes.
     order = list(op.modes)
@@ -92,7 +104,8 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
         have = flat_modes(d)
         perm = sorted(range(len(have)), key=lambda i: order.index(have[i]))
         view = [ext[m] if m in have else 1 for m in order]
-        views.append((shape, perm if perm != list(range(len(have))) else None, view))
+        views.append((shape, perm if perm != list(range(len(have))) else None,
+                      torch.Size(view)))
     agg_axes = tuple(i for i, m in enumerate(order) if m not in op.out_modes)
     agg = op.agg
     join = _compile(op.join)
@@ -101,10 +114,10 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
     def run_general(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
         aligned = []
         for t, (shape, perm, view) in zip(blocks, views):
-            t = t.reshape(shape)
+            t = shaped(t, shape)
             if perm is not None:
                 t = t.permute(perm)
-            aligned.append(t.reshape(view))
+            aligned.append(shaped(t, view))
         joined = join(aligned)
         if not isinstance(joined, torch.Tensor):  # a join of constants only
             joined = torch.full(full, joined, dtype=blocks[0].dtype, device=blocks[0].device)
@@ -112,7 +125,7 @@ def _make_plan(op: Op, ext: dict[str, int]) -> _Plan:
             joined = joined.expand(full)
         result = joined if agg is None else reduce(agg, joined, agg_axes)
         # Modes absent from every input were size-1 output dims: reshape restores them.
-        return result.reshape(out_shape)
+        return shaped(result, out_shape)
     return run_general
 
 
@@ -168,17 +181,18 @@ def _small_contraction_plan(op: Op, factors: tuple[int, ...], present: list[str]
     views = []
     for i, d in zip(factors, dims):
         perm = [d.index(m) for m in order if m in d]
-        views.append(([ext[m] for m in d], perm, [ext[m] if m in d else 1 for m in order]))
-    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+        views.append((torch.Size(ext[m] for m in d), perm,
+                      torch.Size(ext[m] if m in d else 1 for m in order)))
+    out_shape = torch.Size(math.prod(ext[m] for m in g) for g in op.out_dims)
     n = ext[k[0]]
 
     def run(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
-        a, b = (blocks[i].reshape(f).permute(p).reshape(v)
+        a, b = (shaped(shaped(blocks[i], f).permute(p), v)
                 for i, (f, p, v) in zip(factors, views))
         acc = a[..., 0] * b[..., 0]
         for j in range(1, n):
             acc = acc + a[..., j] * b[..., j]
-        return acc.reshape(out_shape)
+        return shaped(acc, out_shape)
     return run
 
 
@@ -205,11 +219,12 @@ def _matmul_plan(op: Op, factors: tuple[int, ...], present: list[str],
         w_perm, w_t = None, True
     else:
         w_perm, w_t = [dw.index(m) for m in cols + k], True
-    grid = [ext[m] for m in rows + cols]
+    grid = torch.Size(ext[m] for m in rows + cols)
     have = rows + cols
     out_perm = None if have == present else [have.index(m) for m in present]
-    out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+    out_shape = torch.Size(math.prod(ext[m] for m in g) for g in op.out_dims)
     r, c, kk = size(rows), size(cols), size(k)
+    x_rows, w_cols, w_rows = torch.Size((r, kk)), torch.Size((c, kk)), torch.Size((kk, c))
 
     def run(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
         x, w = blocks[xi], blocks[wi]
@@ -217,9 +232,14 @@ def _matmul_plan(op: Op, factors: tuple[int, ...], present: list[str],
             x = x.reshape(x_fine).permute(x_perm)
         if w_perm is not None:
             w = w.reshape(w_fine).permute(w_perm)
-        w = w.reshape(c, kk).t() if w_t else w.reshape(kk, c)
-        y = torch.matmul(x.reshape(r, kk), w).reshape(grid)
-        return (y if out_perm is None else y.permute(out_perm)).reshape(out_shape)
+        if x.shape[-1] != kk:  # the contracted modes are x's trailing ones, grouped or not
+            x = x.reshape(x_rows)
+        if w_t:  # (columns, k) as stored: the product x w^T is torch's linear
+            y = torch.nn.functional.linear(x, shaped(w, w_cols))
+        else:
+            y = torch.matmul(x, shaped(w, w_rows))
+        y = shaped(y, grid)
+        return shaped(y if out_perm is None else y.permute(out_perm), out_shape)
     return run
 
 

@@ -28,9 +28,12 @@ from ...core.program import (
     Unpack,
 )
 from ...errors import RuntimeFault
-from ...frontend.reference import TORCH_DTYPES, check_inputs, evaluate_op, materialize
+from ...frontend.reference import TORCH_DTYPES, check_inputs, materialize, op_runner
 from ...frontend.scalar import combine
 from ..lowering import Lowered
+
+
+KERNEL = "kernel"  # consts key tag of a Compute's bound kernel (constant blocks: by tensor)
 
 
 def _sl(reg) -> tuple[slice, ...]:
@@ -43,8 +46,9 @@ class RankState:
     def __init__(self, low: Lowered, prog: Program, inputs: Mapping[str, torch.Tensor],
                  device: torch.device | str = "cpu", consts: dict | None = None) -> None:
         self.low, self.prog, self.inputs, self.device = low, prog, inputs, device
-        # Constant blocks depend on the plan only: a caller that runs a plan again passes the
-        # same dict and they are generated once (programs never write into a buffer in place).
+        # Constant blocks and bound kernels depend on the plan only: a caller that runs a plan
+        # again passes the same dict and they are made once (programs never write into a
+        # buffer in place).
         self.consts: dict = {} if consts is None else consts
         self.graph = low.graph
         self.bufs: dict[int, torch.Tensor] = {}
@@ -53,6 +57,19 @@ class RankState:
 
     def get(self, b: int) -> torch.Tensor:
         return self.bufs[b]
+
+    def _runner(self, ins: Compute):
+        """The instruction as one call on a rank's buffers: its op's kernel bound to its block
+        ranges, built once per plan (kept in `consts`) so a run pays for the kernel only."""
+        op = self._ops[ins.op]
+        kernel = op_runner(op, dict(zip(op.modes, ins.ranges)))
+        dtype = TORCH_DTYPES[self.graph.tensor(op.output).dtype]
+        srcs, out = ins.inputs, ins.out
+
+        def run(bufs: dict) -> None:
+            y = kernel([bufs[i] for i in srcs])
+            bufs[out] = y if y.dtype == dtype else y.to(dtype)
+        return run
 
     def step(self, ins) -> None:
         """Run one non-communicating instruction."""
@@ -68,9 +85,10 @@ class RankState:
                 self.consts[key] = block
             self.bufs[ins.out] = block
         elif isinstance(ins, Compute):
-            op = self._ops[ins.op]
-            out = evaluate_op(op, [self.get(i) for i in ins.inputs], dict(zip(op.modes, ins.ranges)))
-            self.bufs[ins.out] = out.to(TORCH_DTYPES[g.tensor(op.output).dtype])
+            hit = self.consts.get((KERNEL, id(ins)))
+            if hit is None or hit[0] is not ins:  # the instruction is kept: its id stays its
+                hit = self.consts[(KERNEL, id(ins))] = (ins, self._runner(ins))
+            hit[1](self.bufs)
         elif isinstance(ins, Slice):
             self.bufs[ins.out] = self.get(ins.src)[_sl(ins.region)]
         elif isinstance(ins, Alloc):
