@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from einsummable import bind, named_plan, optimize as optimize_graph, trace
+from einsummable import bind, choose_plan, named_plan, optimize as optimize_graph, trace
 from einsummable.backend.lowering import lower
 from einsummable.backend.runtime.dist import execute, rank_blocks
 from einsummable.backend.runtime.simulator import SimResult, block_time
@@ -21,7 +21,7 @@ from .baselines import RankStep
 from .unavailable import Unavailable
 from .workloads import Workload
 
-__all__ = ["Optimized", "block_seconds", "explain", "graph_for", "measured_step", "named_plan",
+__all__ = ["Optimized", "block_seconds", "chosen_label", "explain", "graph_for", "measured_step", "named_plan",
            "optimize", "plan_costs", "simulate", "NodeCost"]
 
 
@@ -38,10 +38,18 @@ class Optimized:
 
 
 def optimize(graph: Graph, topology, weights: str = "sharded", steady_state: bool = True,
-             **options: Any) -> Optimized:
+             select: bool = False, **options: Any) -> Optimized:
+    """The MIP's optimum, or with `select` the plan einsummable returns to a user: the least
+    simulated of it, the named strategies and one device (`choose_plan`, `Plan.judged`)."""
     t0 = time.perf_counter()
-    plan = optimize_graph(graph, topology, weights=weights, steady_state=steady_state, **options)
+    make = choose_plan if select else optimize_graph
+    plan = make(graph, topology, weights=weights, steady_state=steady_state, **options)
     return Optimized(plan, time.perf_counter() - t0)
+
+
+def chosen_label(plan: Plan) -> str:
+    """Which plan the selection stage kept ("optimized" for the MIP's optimum)."""
+    return plan.judged.considered[0].label if plan.judged is not None else "optimized"
 
 
 def simulate(plan: Plan, mode: str = "optimized", resident: bool = True) -> SimResult:

@@ -67,7 +67,8 @@ def plan_record(plan, sim=None) -> dict:
 def _einsummable_sim_row(cfg, w: Workload, graph, topo, floor_s: float,
                          plans: dict) -> Row:
     opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
-                          steady_state=cfg.get("steady_state", True), **cfg.get("optimize", {}))
+                          steady_state=cfg.get("steady_state", True),
+                          select=cfg.get("select", True), **cfg.get("optimize", {}))
     sim = es_sys.simulate(opt.plan)
     plans[w.name] = plan_record(opt.plan, sim)
     plans[w.name]["summary"] = plan_summary.describe(opt.plan)
@@ -75,7 +76,8 @@ def _einsummable_sim_row(cfg, w: Workload, graph, topo, floor_s: float,
     block_s = es_sys.block_seconds(opt.plan)
     return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, block_s,
                model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
-               note=f"optimized, a block in a stack; solve {opt.solve_wall_s:.1f} s",
+               note=f"{es_sys.chosen_label(opt.plan)}, a block in a stack; "
+                    f"plan {opt.solve_wall_s:.1f} s",
                extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None)})
 
 
@@ -147,8 +149,17 @@ def _sim_row(cfg, s: str, w: Workload, graph, topo, floor_s: float, plans: dict)
 
 # ------------------------------------------------------------------------------ measured blocks
 
-def cpu_topology(name: str, world: int) -> Topology:
-    """The shipped CPU topology resized to `world` ranks (same per-rank figures)."""
+def cpu_topology(name: str, world: int, by_world: dict | None = None) -> Topology:
+    """The topology a config names for `world` ranks (`topology_by_world`, e.g. the
+    calibrated cpu2), else the shipped CPU topology `name` resized to `world` ranks (same
+    per-rank figures)."""
+    if by_world and world in by_world:
+        topo = load_topology(by_world[world])
+        if topo.world_size != world:
+            raise EinsummableError(f"topology_by_world names {by_world[world]!r} for {world} "
+                                   f"ranks, but it has {topo.world_size}",
+                                   fix="name a topology of that many devices")
+        return topo
     import yaml
     data = yaml.safe_load((SHIPPED_DIR / f"{name}.yaml").read_text())
     data["nodes"] = {**data["nodes"], "devices_per_node": world}
@@ -169,7 +180,7 @@ def measured_blocks(cfg: dict, stream=None) -> RunResult:
     rows: list[Row] = []
     plans: dict = {}
     for world in worlds:
-        topo = cpu_topology(cfg.get("topology", "cpu4"), world)
+        topo = cpu_topology(cfg.get("topology", "cpu4"), world, cfg.get("topology_by_world"))
         for w in workloads:
             progress.step(f"{w.name} on {world} ranks")
             reasons: dict[str, str] = {}
@@ -190,9 +201,11 @@ def measured_blocks(cfg: dict, stream=None) -> RunResult:
                     rows.append(Row(cfg["name"], w.name, s, world, w.tokens, unavailable=reasons[s]))
                     continue
                 t = timings[s]
+                chosen = plans.get(f"{w.name}@{world}", {}).get("chosen")
+                note = f"{t.note}; chosen: {chosen}" if s == "einsummable" and chosen else t.note
                 rows.append(Row(cfg["name"], w.name, s, world, w.tokens, t.median_s, t.spread_s,
                                 t.p25_s, t.p75_s, floor_s=floor_s, max_abs_err=t.max_abs_err,
-                                note=t.note, unavailable=t.error,
+                                note=note, unavailable=t.error,
                                 extra={"samples_s": list(t.samples_s),
                                        "predicted_s": predicted.get(s)}))
     extra = {"plans": plans, "threads_per_rank": THREADS_PER_RANK,
@@ -218,10 +231,11 @@ def _predictions(cfg, w: Workload, topo, systems, reasons: dict, payload: dict,
         try:
             opt = es_sys.optimize(graph, topo, weights=cfg.get("weights", "sharded"),
                                   steady_state=cfg.get("steady_state", True),
-                                  **cfg.get("optimize", {}))
+                                  select=cfg.get("select", True), **cfg.get("optimize", {}))
             sim = es_sys.simulate(opt.plan)
             payload["einsummable"] = opt.plan.to_json()
-            plans[f"{w.name}@{topo.world_size}"] = plan_record(opt.plan, sim)
+            plans[f"{w.name}@{topo.world_size}"] = {**plan_record(opt.plan, sim),
+                                                    "chosen": es_sys.chosen_label(opt.plan)}
             predicted["einsummable"] = sim.time_s
         except Unavailable as e:
             reasons["einsummable"] = str(e)
