@@ -11,6 +11,7 @@ import torch
 
 from ..core.geometry import Range, Region, region_shape
 from ..errors import EinsummableError, ShapeError
+from .constant_kernels import selection_kernel
 from .einsum import flat_modes
 from .ir import Constant, Graph, Op, TensorInfo
 from .kernels import run_kernel
@@ -31,17 +32,25 @@ def evaluate_op(op: Op, blocks: Sequence[torch.Tensor],
     return op_runner(op, ranges)(blocks)
 
 
-def op_runner(op: Op, ranges: Mapping[str, Range] | None = None) -> Callable[
+def op_runner(op: Op, ranges: Mapping[str, Range] | None = None,
+              known: Mapping[int, torch.Tensor] | None = None) -> Callable[
         [Sequence[torch.Tensor]], torch.Tensor]:
     """`evaluate_op` with the op and its ranges bound: executors that run one block of one op
-    again and again build this once per instruction, so a call pays for the kernel only."""
+    again and again build this once per instruction, so a call pays for the kernel only.
+    `known`: input index -> the block that input always holds (a generated constant), for
+    kernels specialised on its values (`constant_kernels`)."""
     if ranges is None:
         ranges = {m: (0, op.size[m]) for m in op.modes}
     if op.fused is not None:
         rng = dict(ranges)
         out_shape = torch.Size(math.prod(rng[m][1] - rng[m][0] for m in g) for g in op.out_dims)
         return lambda blocks: shaped(run_kernel(op, blocks, rng), out_shape)
-    return _plan(op, tuple(ranges[m][1] - ranges[m][0] for m in op.modes))
+    ext = tuple(ranges[m][1] - ranges[m][0] for m in op.modes)
+    for i, value in (known or {}).items():
+        special = selection_kernel(op, dict(zip(op.modes, ext)), i, value)
+        if special is not None:
+            return special
+    return _plan(op, ext)
 
 
 # Executors run the same op on blocks of the same extents again and again: each (op, block

@@ -54,6 +54,7 @@ class RankState:
         self.bufs: dict[int, torch.Tensor] = {}
         self.outputs: dict[str, torch.Tensor] = {}
         self._ops = {op.name: op for op in self.graph.ops}
+        self.const_bufs: dict[int, torch.Tensor] = {}  # buffers a Const filled: known values
 
     def get(self, b: int) -> torch.Tensor:
         return self.bufs[b]
@@ -62,7 +63,8 @@ class RankState:
         """The instruction as one call on a rank's buffers: its op's kernel bound to its block
         ranges, built once per plan (kept in `consts`) so a run pays for the kernel only."""
         op = self._ops[ins.op]
-        kernel = op_runner(op, dict(zip(op.modes, ins.ranges)))
+        known = {i: self.const_bufs[b] for i, b in enumerate(ins.inputs) if b in self.const_bufs}
+        kernel = op_runner(op, dict(zip(op.modes, ins.ranges)), known)
         dtype = TORCH_DTYPES[self.graph.tensor(op.output).dtype]
         srcs, out = ins.inputs, ins.out
 
@@ -83,7 +85,7 @@ class RankState:
                 info = g.tensor(ins.tensor)
                 block = materialize(g.constant[ins.tensor], info, ins.region, self.device)
                 self.consts[key] = block
-            self.bufs[ins.out] = block
+            self.bufs[ins.out] = self.const_bufs[ins.out] = block
         elif isinstance(ins, Compute):
             hit = self.consts.get((KERNEL, id(ins)))
             if hit is None or hit[0] is not ins:  # the instruction is kept: its id stays its
@@ -115,6 +117,7 @@ class RankState:
             self.bufs[ins.out] = acc
         elif isinstance(ins, Free):
             self.bufs.pop(ins.buf, None)
+            self.const_bufs.pop(ins.buf, None)
         elif isinstance(ins, Output):
             self.outputs[ins.tensor] = self.get(ins.src)
         else:
