@@ -188,6 +188,32 @@ def test_exchange_time_of_hand_computed_cases():
         3e-6 + 64 / 300e9 + 5e-6 + 2 * 64 / 1555e9, rel=1e-12)
 
 
+def test_a_relayed_block_waits_whole_at_the_relay():
+    # On the ring 0-1-2-3 (100 MB/s links, 10 us each) 0 reaches 2 through 1 or 3: a message
+    # relayed is received whole before it goes on (store and forward, as the programs do),
+    # so alone on its route it takes both hops' latency and both hops' byte time.
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
+    from einsummable.topology import read_topology
+    ring = read_topology({
+        "name": "ring4",
+        "device_types": {"cpu": {"peak_flops": {"float16": 1e9, "bfloat16": 1e9,
+                                                "float32": 1e9},
+                                 "mem_bw": 1e10, "mem_bytes": 1e9, "launch": 1e-6}},
+        "nodes": {"count": 1, "devices_per_node": 4, "device_type": "cpu"},
+        "links": [{"kind": "nvlink", "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]], "bw": 1e8,
+                   "latency": 1e-5}]}, "ring4")
+    info = TensorInfo("t", (64, 64))  # 16384 bytes of fp32
+    whole = ((0, 64), (0, 64))
+    ex = synthesize(info, [Piece(whole, 0, 0, 1)], [(whole, 2)], None, ring)
+    (t,) = ex.transfers
+    assert len(t.hops) == 3
+    assert exchange_time(ex, ring) == pytest.approx(2 * (1e-5 + 16384 / 1e8), rel=1e-12)
+    # Straight to a neighbour: one hop.
+    ex = synthesize(info, [Piece(whole, 0, 0, 1)], [(whole, 1)], None, ring)
+    assert exchange_time(ex, ring) == pytest.approx(1e-5 + 16384 / 1e8, rel=1e-12)
+
+
 def test_partials_fold_inside_node_first():
     # 2 nodes x 4: all 8 devices hold a partial of one block, device 0 reads it.
     topo = synthetic(8, nodes=2)

@@ -1,8 +1,11 @@
 """Exchange time: the seconds an exchange program takes on a topology.
 
 *Time* (`exchange_time`): rounds run one after another. In a round a resource carrying L bytes
-at bandwidth b is busy L / b; a transfer takes the latencies of its hops plus the longest busy
-time on its route; the round lasts as long as its slowest transfer plus its longest per-device
+at bandwidth b is busy L / b; a transfer of B bytes over hops h with bandwidths b_h takes the
+latencies of its hops, plus the longest busy time on its route, plus sum_h B / b_h - max_h
+B / b_h (store and forward: a relay receives a message whole before sending it on, as the
+programs lowering emits do; alone on its route that is sum_h B / b_h, and where other
+messages load the bottleneck their time hides the relay's wait on the other hops); the round lasts as long as its slowest transfer plus its longest per-device
 reduce time (inputs read and output written at the device's memory bandwidth). After the last
 round each reader stitches the needs it got in several parts: its own parts, and received parts
 that are not one contiguous range of the need, are copied (read and written, one kernel per
@@ -30,12 +33,13 @@ def _route_memo(topology) -> dict:
     return cache.setdefault("exchange-route-terms", {}) if isinstance(cache, dict) else {}
 
 
-def _route_terms(topology, hops: tuple[int, ...], memo: dict | None = None
-                 ) -> tuple[float, tuple[tuple[str, float], ...]]:
-    """Latency of a route and every (resource, bandwidth) its bytes load: each link's own
-    medium, and the egress/ingress ports of the devices at its ends where the topology gives
-    a per-device port limit (NVSwitch, NVLink lanes, NICs). Memoised per topology instance
-    (`memo`: that memo, fetched once by a caller that asks for many routes)."""
+def _route_terms(topology, hops: tuple[int, ...], memo: dict | None = None):
+    """(latency of a route, every (resource, bandwidth) its bytes load, and the seconds per
+    byte a message waits at its relays, sum_h 1 / b_h - max_h 1 / b_h over its hops' narrowest
+    bandwidths b_h): each link's own medium, and the egress/ingress ports of the
+    devices at its ends where the topology gives a per-device port limit (NVSwitch, NVLink
+    lanes, NICs). Memoised per topology instance (`memo`: that memo, fetched once by a caller
+    that asks for many routes)."""
     if memo is None:
         memo = _route_memo(topology)
     hit = memo.get(hops)
@@ -43,9 +47,12 @@ def _route_terms(topology, hops: tuple[int, ...], memo: dict | None = None
         links = [topology.link(a, c) for a, c in zip(hops, hops[1:])]
         latency = sum(l.latency_s for l in links)
         terms: list[tuple[str, float]] = []
+        per_byte = []  # per hop, the seconds a byte takes on its narrowest resource
         for l in links:
-            terms.extend(link_resources(l))
-        hit = (latency, tuple(terms))
+            own = link_resources(l)
+            terms.extend(own)
+            per_byte.append(1.0 / min(b for _, b in own))
+        hit = (latency, tuple(terms), sum(per_byte) - max(per_byte, default=0.0))
         memo[hops] = hit
     return hit
 
@@ -60,7 +67,8 @@ def link_resources(link) -> tuple[tuple[str, float], ...]:
 def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     """Seconds under the round model of the module docstring: per round, every resource (link
     medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
-    latency plus its busiest resource's time; the round lasts as long as its slowest route plus
+    latency plus its busiest resource's time plus its message's store-and-forward wait at
+    the relays (module docstring); the round lasts as long as its slowest route plus
     its longest per-device fold and its busiest device's per-message host work
     (`message_time`); then the readers' stitching copies (`Exchange.copies`).
 
@@ -70,7 +78,7 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     if not ex:
         return 0.0
     memo = _route_memo(topology)
-    by_round: dict[int, dict[tuple[int, ...], None]] = {}
+    by_round: dict[int, dict[tuple[int, ...], int]] = {}
     load: dict[int, dict[str, float]] = {}
     bw: dict[int, dict[str, float]] = {}
     for t in ex.transfers:
@@ -78,7 +86,8 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
         if len(hops) < 2:
             continue
         rnd = t.round
-        by_round.setdefault(rnd, {})[hops] = None
+        routes = by_round.setdefault(rnd, {})
+        routes[hops] = routes.get(hops, 0) + t.nbytes  # pieces on one route: one message
         ld = load.setdefault(rnd, {})
         bb = bw.setdefault(rnd, {})
         terms = memo.get(hops) or _route_terms(topology, hops, memo)
@@ -100,9 +109,12 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
         ld, bb = load.get(rnd, {}), bw.get(rnd, {})
         busy = {res: x / bb[res] for res, x in ld.items()}  # seconds each resource is loaded
         wire = 0.0
-        for hops in by_round.get(rnd, ()):
-            latency, terms = memo[hops]
-            wire = max(wire, (0.0 if batched else latency) + max(busy[res] for res, _ in terms))
+        for hops, nbytes in by_round.get(rnd, {}).items():
+            latency, terms, relay_s_per_byte = memo[hops]
+            # store and forward: its own message waits, whole, at every relay (the hops but
+            # the slowest, which the busiest resource's time already covers)
+            wire = max(wire, (0.0 if batched else latency)
+                       + max(busy[res] for res, _ in terms) + nbytes * relay_s_per_byte)
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
         total += wire + fold + (0.0 if batched else
                                 message_time(by_round.get(rnd, ()), topology))
