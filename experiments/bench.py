@@ -26,17 +26,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout and nothing else there")
     parser.add_argument("--repeats", type=int, help="override the config's timed rounds")
+    parser.add_argument("--world-sizes", type=int, nargs="+",
+                        help="override a measured config's world sizes (e.g. 2)")
     parser.add_argument("--quick", action="store_true",
                         help="use the config's `quick` subset (fewer workloads/samples)")
 
 
 def run_config(cfg: dict, *, out_dir: Path = harness.RESULTS_DIR, repeats: int | None = None,
-               quick: bool = False, progress_stream=None) -> dict:
+               quick: bool = False, progress_stream=None,
+               world_sizes: list[int] | None = None) -> dict:
     """Run one config; returns the results document (also written to out_dir)."""
     if quick and cfg.get("quick"):
         cfg = {**cfg, **cfg["quick"]}
     if repeats is not None:
         cfg = {**cfg, "repeats": repeats}
+    if world_sizes:
+        cfg = {**cfg, "world_sizes": list(world_sizes)}
     kind = cfg.get("kind", "blocks")
     runner = runners.RUNNERS.get(kind)
     if runner is None:
@@ -60,7 +65,8 @@ def run_config(cfg: dict, *, out_dir: Path = harness.RESULTS_DIR, repeats: int |
 
 def main(args: argparse.Namespace) -> int:
     cfg = harness.load_config(args.config)
-    doc = run_config(cfg, out_dir=args.out, repeats=args.repeats, quick=args.quick)
+    doc = run_config(cfg, out_dir=args.out, repeats=args.repeats, quick=args.quick,
+                     world_sizes=args.world_sizes)
     table = doc.pop("_table")
     if args.json:
         json.dump(doc, sys.stdout, sort_keys=True, default=str)
