@@ -9,6 +9,7 @@ import pytest
 from einsummable.cli import main as cli
 from einsummable.optimizer.api import named_plan, optimize
 from einsummable.optimizer.report import explain
+from einsummable.errors import PlanError
 from einsummable.planning.plan import Named, Options, Plan, Solved
 from einsummable.selection import choose
 from einsummable.selection.choose import choose_plan, pool_labels, simulated_s
@@ -130,3 +131,12 @@ def test_one_device_that_does_not_fit_is_left_out_and_says_why():
     assert [label for label, _ in plan.judged.left_out] == ["one-device"]
     assert "left out: the whole graph does not fit" in explain(plan, strategies=False)
     assert Plan.from_json(plan.to_json()).judged == plan.judged
+
+
+def test_plans_simulated_in_processes_are_judged_as_here():
+    g, _, _ = llama_tiny(2, 8)
+    here = choose_plan(g, "cpu2", options=Options("sharded", True), cache=False)
+    there = choose_plan(g, "cpu2", options=Options("sharded", True), cache=False, jobs=2)
+    assert there.judged == here.judged and there.to_json() == here.to_json()
+    with pytest.raises(PlanError, match="jobs"):
+        choose_plan(g, "cpu2", cache=False, jobs=0)

@@ -26,14 +26,16 @@ which wins where the prefetch window cannot hide what the objective streams.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 
 from ..backend.runtime.simulator import block_time, simulate
 from ..frontend.ir import Graph
 from ..optimizer.api import named_plan, optimize, resolve_options
 from ..optimizer.model import build_model
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, PlanError
 from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS
 from ..planning.plan import Considered, Judged, Options, Plan
 from ..topology import load_topology
@@ -60,12 +62,17 @@ def pool_labels(options: Options, strategies: Sequence[str] = NAMED,
 
 def choose_plan(graph: Graph, topology, *, options: Options | None = None,
                 time_limit_s: float | None = None, cache: bool | str | os.PathLike = True,
-                strategies: Sequence[str] = NAMED, serial: bool = False,
+                strategies: Sequence[str] = NAMED, serial: bool = False, jobs: int = 1,
                 **shortcuts) -> Plan:
     """The least simulated plan among the MIP's optimum, the named `strategies` legal under
     the options, and (with `serial`) the MIP under the other overlap rule; `Plan.judged`
     holds every plan's objective and simulated seconds. `time_limit_s` and `cache` go to
-    each MIP solve; `shortcuts` are `optimize`'s option keywords (`resolve_options`)."""
+    each MIP solve; `shortcuts` are `optimize`'s option keywords (`resolve_options`).
+    `jobs`: processes simulating the plans at once (each plan's simulation is independent;
+    a process costs an interpreter start, so it pays on large machines' plans only)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise PlanError(f"jobs must be a positive integer, got {jobs!r}",
+                        fix="pass jobs=1 to simulate in this process")
     topology = load_topology(topology)
     options = resolve_options(options, **shortcuts)
     plans: list[tuple[str, Plan]] = []
@@ -87,12 +94,26 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
             shared = shared or build_model(graph, topology, options)
             plan = named_plan(graph, topology, label, options=options, model=shared)
         plans.append((label, plan))
+    times = _simulate_all([p for _, p in plans], jobs)
     judged = []
-    for order, (label, plan) in enumerate(plans):
-        seconds, measure = simulated_s(plan)
+    for order, ((label, plan), (seconds, measure)) in enumerate(zip(plans, times)):
         judged.append((seconds, order, Considered(label, plan.objective_s, seconds)))
     judged.sort(key=lambda j: (j[0], j[1]))
     best = plans[judged[0][1]][1]
     return dataclasses.replace(best, judged=Judged(judged[0][0], measure,
                                                    tuple(j[2] for j in judged),
                                                    tuple(left_out)))
+
+
+def _simulate_all(plans: Sequence[Plan], jobs: int) -> list[tuple[float, str]]:
+    """`simulated_s` of every plan, in order: here, or in `jobs` fresh processes (spawned:
+    no state of this process, e.g. a gloo pool's threads, is forked into them)."""
+    if jobs == 1 or len(plans) < 2:
+        return [simulated_s(p) for p in plans]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(plans)), mp_context=context) as pool:
+        return list(pool.map(_simulated_from_json, [p.to_json() for p in plans]))
+
+
+def _simulated_from_json(text: str) -> tuple[float, str]:
+    return simulated_s(Plan.from_json(text))
