@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -29,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
+
+from einsummable.backend.runtime.dist import free_port, worker_env
 
 from .workloads import Workload
 
@@ -84,12 +85,6 @@ def percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # Runs of the ranks before a death is reported: a rank has been seen to abort inside gloo
 # ("terminate called without an active exception") now and then on this 2-core box, and the
 # same run then succeeds; a second death is reported in the rows.
@@ -109,8 +104,9 @@ def _measure_once(request: MeasureRequest) -> tuple[dict[str, Timing], bool]:
     """The timings, and whether a rank died (then every timing carries the reason)."""
     with tempfile.TemporaryDirectory(prefix="es-measure-") as tmp:
         out_path = os.path.join(tmp, "result.json")
-        ctx = mp.start_processes(_rank_main, args=(request, free_port(), out_path),
-                                 nprocs=request.world, join=False, start_method="spawn")
+        with worker_env():  # every system's ranks run in the runtime's worker environment
+            ctx = mp.start_processes(_rank_main, args=(request, free_port(), out_path),
+                                     nprocs=request.world, join=False, start_method="spawn")
         deadline = time.monotonic() + request.timeout_s
         try:
             while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):

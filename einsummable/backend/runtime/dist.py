@@ -52,7 +52,17 @@ STARTUP_TIMEOUT_S: float = 120.0
 # Environment of every worker, unless the caller set the variable. With OpenMP's default wait
 # policy a worker's idle threads spin at each barrier against its gloo and queue threads; on a
 # shared 2-core machine a 1-rank program took ~35x the local executor's time, passive ~1x.
-WORKER_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
+# glibc's malloc maps blocks above a moving threshold afresh and hands freed memory back to
+# the kernel, so every run of a program faulted its activations' pages in again. Blocks up to
+# glibc's largest mmap threshold (32 MiB on 64-bit) come from the heap and freed memory stays
+# in the process: the llama-tiny block at 2048 tokens on one rank, 1 thread, its SiLU-gate
+# kernel 1.8-2.2 -> 0.51-0.53 ms, the program 15.0-16.6 -> 11.9-13.0 ms, the nn.Module's
+# forward 56 -> 22-26 ms (interleaved runs, 2026-12-05).
+MALLOC_MMAP_MAX_THRESHOLD: str = str(32 << 20)
+MALLOC_KEEP_FREED: str = str(4 << 30)
+WORKER_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE",
+                              "MALLOC_MMAP_THRESHOLD_": MALLOC_MMAP_MAX_THRESHOLD,
+                              "MALLOC_TRIM_THRESHOLD_": MALLOC_KEEP_FREED}
 
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -80,9 +90,12 @@ def forbid_collectives() -> None:
 
 def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Tensor],
             device: torch.device | str = "cpu", timeout_s: float = WAIT_TIMEOUT_S,
-            fault_after: int | None = None, consts: dict | None = None) -> dict[str, torch.Tensor]:
+            fault_after: int | None = None, consts: dict | None = None,
+            timeline: list | None = None) -> dict[str, torch.Tensor]:
     """Run rank `rank`'s program; `blocks[(tensor, region)]` are its Place inputs; `consts`
-    caches constant blocks across runs of the same plan."""
+    caches constant blocks across runs of the same plan. With `timeline` (a list), appends
+    (pc, kind, reached_s, start_s, end_s) per instruction, as the simulator's trace: reached
+    when the rank got to it, start once its received inputs were there (perf_counter s)."""
     import torch.distributed as dist
     prog = low.programs[rank]
     st = RankState(low, prog, {}, device, consts)
@@ -130,10 +143,13 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
                 sends.append((mine, op.tensor))
         batch.clear()
 
-    for count, ins in enumerate(prog.instrs):
+    clock = time.perf_counter
+    for count, (ins, (code, rd)) in enumerate(zip(prog.instrs, _dispatch(st.consts, prog))):
         if fault_after is not None and count == fault_after:
             os._exit(17)  # test hook: die mid-run without cleanup, like a crashed rank
-        if isinstance(ins, Send):
+        if timeline is not None:
+            reached = clock()
+        if code == _SEND:
             if any(isinstance(i, Recv) and ins.src in (i.out, i.into) for _, i in batch):
                 flush()  # a relay: its receive is in this batch; post it, then park the send
             if ins.src in unpacked:  # a packed receive's part: copied out first (rare)
@@ -145,30 +161,60 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
                                       wait_for.pop(ins.src, []))
                 if arrival is not None:  # the rank's own reads wait on the line, not twice
                     wait_for[ins.src] = [arrival]
+                if timeline is not None:
+                    timeline.append((count, "Send", reached, reached, clock()))
                 continue
             t = st.get(ins.src).contiguous()
             batch.append((dist.P2POp(dist.isend, t, ins.peer, tag=ins.tag), ins))
-        elif isinstance(ins, Recv):
+        elif code == _RECV:
             t = st.recv_buffer(ins)
             batch.append((dist.P2POp(dist.irecv, t, ins.peer, tag=ins.tag), ins))
-        elif isinstance(ins, Unpack):  # views now; waits and copies when a reader needs them
+        elif code == _UNPACK:  # views now; waits and copies when a reader needs them
             for out, into, view, dest in st.unpacked(ins):
                 if into is None:
                     st.bufs[out] = view
                 unpacked.setdefault(out if into is None else into, []).append(
                     (ins.src, view, dest))
         else:
-            if not isinstance(ins, Alloc | Free | Place):  # host bookkeeping keeps the batch open
+            if code == _KERNEL and batch:  # host bookkeeping keeps the batch open
                 flush()
-            for b in reads(ins):
-                ready(b)
+            for b in rd:
+                if b in wait_for or b in unpacked:
+                    ready(b)
+            if timeline is not None:
+                start = clock()
             st.step(ins)
+        if timeline is not None:
+            done = clock()
+            timeline.append((count, type(ins).__name__, reached,
+                             done if isinstance(ins, Send | Recv | Unpack) else start, done))
     flush()
     for b in list(unpacked) + list(wait_for):
         ready(b)
     for works, _ in sends + outbox.close():
         wait(works, "send")
     return st.outputs
+
+
+# What `execute` does with an instruction: post a send, post a receive, name an unpacked
+# message's views, host bookkeeping (keeps a batch of sends and receives open), run a kernel.
+_SEND, _RECV, _UNPACK, _HOST, _KERNEL = range(5)
+_DISPATCH = "dispatch"  # consts key of a program's dispatch table
+
+
+def _dispatch(consts: dict, prog) -> list[tuple[int, tuple[int, ...]]]:
+    """(what execute does, buffers read) per instruction, worked out once per plan and kept
+    in the plan's `consts`: the executor pays one integer compare per instruction, not a
+    chain of type tests."""
+    hit = consts.get(_DISPATCH)
+    if hit is not None and hit[0] is prog:
+        return hit[1]
+    table = [(_SEND if isinstance(ins, Send) else _RECV if isinstance(ins, Recv)
+              else _UNPACK if isinstance(ins, Unpack)
+              else _HOST if isinstance(ins, Alloc | Free | Place) else _KERNEL, reads(ins))
+             for ins in prog.instrs]
+    consts[_DISPATCH] = (prog, table)
+    return table
 
 
 def p2p_barrier(rank: int, world: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
@@ -273,7 +319,7 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
 
 
 @contextlib.contextmanager
-def _worker_env() -> Iterator[None]:
+def worker_env() -> Iterator[None]:
     """Spawned workers read their environment at start: set WORKER_ENV for the spawn only."""
     added = {k: v for k, v in WORKER_ENV.items() if k not in os.environ}
     os.environ.update(added)
@@ -300,7 +346,7 @@ class Pool:
         ctx = mp.get_context("spawn")
         port = free_port()
         self._results = ctx.Queue()
-        with _worker_env():
+        with worker_env():
             for r in range(self.world_size):
                 q = ctx.Queue()
                 p = ctx.Process(target=_worker, args=(r, self.world_size, self.backend, port, q,

@@ -74,54 +74,67 @@ class RankState:
         return run
 
     def step(self, ins) -> None:
-        """Run one non-communicating instruction."""
-        g = self.graph
-        if isinstance(ins, Place):
-            self.bufs[ins.out] = self.place(ins.tensor, ins.region)
-        elif isinstance(ins, Const):
-            key = (ins.tensor, ins.region)
-            block = self.consts.get(key)
-            if block is None:
-                info = g.tensor(ins.tensor)
-                block = materialize(g.constant[ins.tensor], info, ins.region, self.device)
-                self.consts[key] = block
-            self.bufs[ins.out] = self.const_bufs[ins.out] = block
-        elif isinstance(ins, Compute):
-            hit = self.consts.get((KERNEL, id(ins)))
-            if hit is None or hit[0] is not ins:  # the instruction is kept: its id stays its
-                hit = self.consts[(KERNEL, id(ins))] = (ins, self._runner(ins))
-            hit[1](self.bufs)
-        elif isinstance(ins, Slice):
-            self.bufs[ins.out] = self.get(ins.src)[_sl(ins.region)]
-        elif isinstance(ins, Alloc):
-            self.bufs[ins.out] = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype],
-                                             device=self.device)
-        elif isinstance(ins, Assemble):
-            out = (torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
-                   if ins.alloc else self.get(ins.out))
-            for src, a, b in ins.parts:
-                out[_sl(b)] = self.get(src)[_sl(a)]
-            self.bufs[ins.out] = out
-        elif isinstance(ins, Pack):
-            self.bufs[ins.out] = torch.cat([self.get(b).reshape(-1) for b in ins.srcs])
-        elif isinstance(ins, Unpack):
-            for out, _, view, dest in self.unpacked(ins):
-                if dest is None:
-                    self.bufs[out] = view
-                else:  # read through the buffer it lands in, as after a Recv into it
-                    dest.copy_(view)
-        elif isinstance(ins, Reduce):
-            acc = self.get(ins.inputs[0])
-            for i in ins.inputs[1:]:
-                acc = combine(ins.agg, acc, self.get(i))
-            self.bufs[ins.out] = acc
-        elif isinstance(ins, Free):
-            self.bufs.pop(ins.buf, None)
-            self.const_bufs.pop(ins.buf, None)
-        elif isinstance(ins, Output):
-            self.outputs[ins.tensor] = self.get(ins.src)
-        else:
+        """Run one non-communicating instruction (one dict lookup picks its handler: the
+        executors pay this per instruction, and most instructions are bookkeeping)."""
+        handler = _STEP.get(type(ins))
+        if handler is None:
             raise TypeError(ins)
+        handler(self, ins)
+
+    def _place(self, ins: Place) -> None:
+        self.bufs[ins.out] = self.place(ins.tensor, ins.region)
+
+    def _const(self, ins: Const) -> None:
+        key = (ins.tensor, ins.region)
+        block = self.consts.get(key)
+        if block is None:
+            info = self.graph.tensor(ins.tensor)
+            block = materialize(self.graph.constant[ins.tensor], info, ins.region, self.device)
+            self.consts[key] = block
+        self.bufs[ins.out] = self.const_bufs[ins.out] = block
+
+    def _compute(self, ins: Compute) -> None:
+        hit = self.consts.get((KERNEL, id(ins)))
+        if hit is None or hit[0] is not ins:  # the instruction is kept: its id stays its
+            hit = self.consts[(KERNEL, id(ins))] = (ins, self._runner(ins))
+        hit[1](self.bufs)
+
+    def _slice(self, ins: Slice) -> None:
+        self.bufs[ins.out] = self.get(ins.src)[_sl(ins.region)]
+
+    def _alloc(self, ins: Alloc) -> None:
+        self.bufs[ins.out] = torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype],
+                                         device=self.device)
+
+    def _assemble(self, ins: Assemble) -> None:
+        out = (torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+               if ins.alloc else self.get(ins.out))
+        for src, a, b in ins.parts:
+            out[_sl(b)] = self.get(src)[_sl(a)]
+        self.bufs[ins.out] = out
+
+    def _pack(self, ins: Pack) -> None:
+        self.bufs[ins.out] = torch.cat([self.get(b).reshape(-1) for b in ins.srcs])
+
+    def _unpack(self, ins: Unpack) -> None:
+        for out, _, view, dest in self.unpacked(ins):
+            if dest is None:
+                self.bufs[out] = view
+            else:  # read through the buffer it lands in, as after a Recv into it
+                dest.copy_(view)
+
+    def _reduce(self, ins: Reduce) -> None:
+        acc = self.get(ins.inputs[0])
+        for i in ins.inputs[1:]:
+            acc = combine(ins.agg, acc, self.get(i))
+        self.bufs[ins.out] = acc
+
+    def _free(self, ins: Free) -> None:
+        self.bufs.pop(ins.buf, None)
+        self.const_bufs.pop(ins.buf, None)
+
+    def _output(self, ins: Output) -> None:
+        self.outputs[ins.tensor] = self.get(ins.src)
 
     def recv_buffer(self, ins: Recv) -> torch.Tensor:
         """Where a receive lands: a new buffer, or its region of an Alloc'd one."""
@@ -146,6 +159,12 @@ class RankState:
     def place(self, tensor: str, region) -> torch.Tensor:
         dtype = TORCH_DTYPES[self.graph.tensor(tensor).dtype]
         return self.inputs[tensor][_sl(region)].to(device=self.device, dtype=dtype)
+
+
+_STEP = {Place: RankState._place, Const: RankState._const, Compute: RankState._compute,
+         Slice: RankState._slice, Alloc: RankState._alloc, Assemble: RankState._assemble,
+         Pack: RankState._pack, Unpack: RankState._unpack, Reduce: RankState._reduce,
+         Free: RankState._free, Output: RankState._output}
 
 
 def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
