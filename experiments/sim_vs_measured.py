@@ -37,6 +37,8 @@ from einsummable.backend.runtime.simulator import simulate
 from einsummable.topology import load_topology, synthetic
 
 NAMED = ("data-parallel", "fsdp", "megatron-tp", "megatron-tp-sp", "ulysses")
+# The bar for absolute agreement: simulated time within this fraction of measured.
+ABS_TOLERANCE = 0.25
 
 
 def header(argv) -> str:
@@ -124,6 +126,11 @@ def sim_vs_measured(args, topo) -> float:
     r = pearson(list(sims.values()), list(meas.values()))
     print(f"pearson r = {r:.3f} over {len(lows)} plans (1 optimized, {len(NAMED)} named, "
           f"{args.random} random)")
+    ratios = sorted(sims[k] / meas[k] for k in lows)
+    within = sum(abs(q - 1.0) <= ABS_TOLERANCE for q in ratios)
+    print(f"simulated / measured: median {statistics.median(ratios):.3f}, range "
+          f"{ratios[0]:.3f}-{ratios[-1]:.3f}; within {ABS_TOLERANCE:.0%}: {within} of "
+          f"{len(ratios)} plans")
     return r
 
 

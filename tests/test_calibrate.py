@@ -117,8 +117,9 @@ def test_chain_programs_run_and_deliver_the_block():
         for rnd in ranks.pairs_rounds(world) + [[(1, 0)]]:
             for kind in rounds.CHAINS:
                 low = rounds.chain_program(world, rnd, kind, effort)
+                inputs = rounds.chain_inputs(low)
                 x = torch.arange(low.graph.tensor("x").shape[0], dtype=torch.float32)
-                assert torch.equal(run_local(low, {"x": x})["y"], x)
+                assert torch.equal(run_local(low, {**inputs, "x": x})["y"], x)
                 assert simulate_programs(low, load_topology("cpu4") if world == 4
                                          else _cpu_topo(world, 1e-4, 2e-5, 1e9)).time_s > 0
 
@@ -128,8 +129,8 @@ def _measured(world: int) -> ranks.Measured:
                           1e9, 3e-5, 2e9, 8e-5, 4e-5)
 
 
-def _cpu_topo(world: int, lat: float, msg: float, bw: float):
-    return cpu_yaml.topology(_measured(world), lat, msg, bw)
+def _cpu_topo(world: int, lat: float, msg: float, bw: float, wait: float = 0.0):
+    return cpu_yaml.topology(_measured(world), lat, msg, bw, wait)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -137,7 +138,7 @@ def test_the_fit_recovers_the_figures_a_chain_was_made_with(world):
     effort = rounds.ChainEffort(hops=8, multi=4, large_bytes=1 << 16, trials=1)
     lows = [rounds.chain_program(world, ranks.pairs_rounds(world)[0], k, effort)
             for k in rounds.CHAINS]
-    truth = (3e-4, 5e-5, 7e8)
+    truth = (3e-4, 5e-5, 7e8, 6e-4)
     made = [simulate_programs(low, _cpu_topo(world, *truth)).time_s for low in lows]
     chains = tuple(rounds.ChainTime(k, effort.hops, 1, 1, t, 0.0, 1)
                    for k, t in zip(rounds.CHAINS, made))
@@ -145,7 +146,20 @@ def test_the_fit_recovers_the_figures_a_chain_was_made_with(world):
     assert fit.latency_s == pytest.approx(truth[0], rel=1e-3)
     assert fit.message_s == pytest.approx(truth[1], rel=1e-3)
     assert fit.bw == pytest.approx(truth[2], rel=1e-3)
+    assert fit.exchange_wait_s == pytest.approx(truth[3], rel=1e-3)
     assert fit.max_rel_error < 1e-3 and not fit.bounded
+
+
+def test_only_crossing_messages_pay_the_exchange_wait():
+    # duplex's messages cross (both ranks send at once): each hop pays the wait; the one-way
+    # chains' replies leave after the request arrived: none of their hops does
+    effort = rounds.ChainEffort(hops=8, multi=4, large_bytes=1 << 16, trials=1)
+    for kind in rounds.CHAINS:
+        low = rounds.chain_program(2, [(0, 1)], kind, effort)
+        base = simulate_programs(low, _cpu_topo(2, 1e-4, 1e-5, 1e9)).time_s
+        waited = simulate_programs(low, _cpu_topo(2, 1e-4, 1e-5, 1e9, 1e-3)).time_s
+        expected = effort.hops * 1e-3 if kind == "duplex" else 0.0
+        assert waited - base == pytest.approx(expected, abs=1e-9), kind
 
 
 def test_the_fit_holds_an_impossible_figure_at_its_bound():
@@ -153,7 +167,7 @@ def test_the_fit_holds_an_impossible_figure_at_its_bound():
     effort = rounds.ChainEffort(hops=8, multi=4, large_bytes=1 << 16, trials=1)
     lows = [rounds.chain_program(2, [(0, 1)], k, effort) for k in rounds.CHAINS]
     chains = tuple(rounds.ChainTime(k, 8, 1, 1, t, 0.0, 1)
-                   for k, t in zip(rounds.CHAINS, (0.004, 0.003, 0.02)))
+                   for k, t in zip(rounds.CHAINS, (0.004, 0.003, 0.02, 0.01)))
     fit = rounds.fit_links(chains, lows, lambda *x: _cpu_topo(2, *x), (1e-4, 1e-5, 1e9))
     assert fit.message_s == 0.0 and "message" in fit.bounded
     assert fit.latency_s > 0 and math.isfinite(fit.bw) and fit.bw > 0
@@ -211,6 +225,14 @@ def test_calibrate_quick_writes_a_loadable_topology(ranks_run):
     assert topo.link(0, 1).bw == pytest.approx(fit["bw"], rel=1e-3)
     assert topo.link(0, 1).latency_s == pytest.approx(fit["latency_s"], rel=1e-3, abs=1e-9)
     assert topo.devices[0].message_s == pytest.approx(fit["message_s"], rel=1e-3, abs=1e-9)
+    assert topo.devices[0].exchange_wait_s == pytest.approx(fit["exchange_wait_s"], rel=1e-3,
+                                                            abs=1e-9)
+    # the achieved curves fitted to the kernels every rank timed with all ranks running
+    a = topo.devices[0].achieved
+    _assert_curve(a.matmul)
+    _assert_curve(a.attention)
+    assert len(a.matmul.points) >= 2 and 0 < a.memory <= 1
+    assert got["measured"]["kernels"]
 
 
 def test_the_written_topology_reproduces_the_chains_it_was_fitted_on(ranks_run):
@@ -222,11 +244,15 @@ def test_the_written_topology_reproduces_the_chains_it_was_fitted_on(ranks_run):
         low = rounds.chain_program(2, pairs, chain["kind"], effort)
         sim = simulate_programs(low, topo).time_s
         assert sim == pytest.approx(fitted, rel=0.01)          # the file holds the fit
-        # and the fit meets the measurement within its noise: inside the range of the
-        # measured samples (exactly at their median where no bound binds)
-        assert chain["low_s"] * 0.98 <= sim <= chain["high_s"] * 1.02, chain
+        # and the fit meets the measurement: exactly at its median where no bound binds;
+        # where one does (noisy quick chains can contradict each other), the least-squares
+        # compromise and its worst mismatch are written down
         if not got["fit"]["bounded"]:
             assert sim == pytest.approx(chain["measured_s"], rel=0.01)
+    if got["fit"]["bounded"]:
+        text = out.read_text()
+        assert "held at a bound" in text
+        assert f"{got['fit']['max_rel_error'] * 100:.2f}%" in text
 
 
 # ----------------------------------------------------------------------------- gpu_check

@@ -188,6 +188,24 @@ def test_exchange_time_of_hand_computed_cases():
         3e-6 + 64 / 300e9 + 5e-6 + 2 * 64 / 1555e9, rel=1e-12)
 
 
+def test_a_two_way_round_pays_the_exchange_wait_and_a_one_way_round_does_not():
+    # Devices that lose host time when messages cross (gloo ranks, `exchange_wait`): the
+    # round where 0 and 1 send to each other pays it once; one-way rounds pay nothing extra.
+    import dataclasses
+    from einsummable.planning.placement import Piece
+    from einsummable.frontend.ir import TensorInfo
+    info = TensorInfo("t", (8, 8))
+    top, bottom = ((0, 4), (0, 8)), ((4, 8), (0, 8))
+    plain = synthetic(2)
+    waits = dataclasses.replace(plain, devices=tuple(
+        dataclasses.replace(d, exchange_wait_s=7e-4) for d in plain.devices))
+    pieces = [Piece(top, 0, 0, 1), Piece(bottom, 1, 0, 1)]
+    swap = synthesize(info, pieces, [(bottom, 0), (top, 1)], None, plain)
+    assert exchange_time(swap, waits) - exchange_time(swap, plain) == pytest.approx(7e-4)
+    one_way = synthesize(info, pieces, [(top, 1)], None, plain)
+    assert exchange_time(one_way, waits) == pytest.approx(exchange_time(one_way, plain))
+
+
 def test_a_relayed_block_waits_whole_at_the_relay():
     # On the ring 0-1-2-3 (100 MB/s links, 10 us each) 0 reaches 2 through 1 or 3: a message
     # relayed is received whole before it goes on (store and forward, as the programs do),

@@ -8,6 +8,7 @@ import pytest
 
 from einsummable.cli import main as cli
 from einsummable.optimizer.api import named_plan, optimize
+from einsummable.backend.runtime.simulator import simulate
 from einsummable.optimizer.report import explain
 from einsummable.errors import PlanError
 from einsummable.planning.plan import Named, Options, Plan, Solved
@@ -65,8 +66,8 @@ def test_a_strategy_that_simulates_faster_is_returned(monkeypatch):
     g = mlp(64, 32, 64)
     order = {"fsdp": 1.0}
     monkeypatch.setattr(choose, "simulated_s",
-                        lambda p: (order.get(getattr(p.origin, "strategy", None), 2.0),
-                                   "program"))
+                        lambda p, measure=None: (order.get(getattr(p.origin, "strategy",
+                                                                   None), 2.0), "program"))
     plan = choose_plan(g, "cpu2", cache=False)
     assert plan.origin == Named("fsdp") and plan.judged.simulated_s == 1.0
     assert [c.label for c in plan.judged.considered][:2] == ["fsdp", "optimized"]
@@ -74,7 +75,7 @@ def test_a_strategy_that_simulates_faster_is_returned(monkeypatch):
 
 def test_ties_go_to_the_mip_and_free_weights_admit_data_parallel(monkeypatch):
     g = mlp(64, 32, 64)
-    monkeypatch.setattr(choose, "simulated_s", lambda p: (1.0, "program"))
+    monkeypatch.setattr(choose, "simulated_s", lambda p, measure=None: (1.0, "program"))
     plan = choose_plan(g, "cpu2", weights="free", cache=False)
     assert isinstance(plan.origin, Solved)
     assert "data-parallel" in [c.label for c in plan.judged.considered]
@@ -140,3 +141,19 @@ def test_plans_simulated_in_processes_are_judged_as_here():
     assert there.judged == here.judged and there.to_json() == here.to_json()
     with pytest.raises(PlanError, match="jobs"):
         choose_plan(g, "cpu2", cache=False, jobs=0)
+
+
+def test_a_single_block_benchmark_judges_by_the_program_alone():
+    # A benchmark timing one block has no block before it to stream weights behind: with
+    # measure="program" every plan is judged by its program's simulated time.
+    g, _, _ = llama_tiny(2, 8)
+    plan = choose_plan(g, "cpu2", options=Options("sharded", True), cache=False,
+                       measure="program", serial=True)
+    j = plan.judged
+    assert j.measure == "program" and "optimized-serial" in [c.label for c in j.considered]
+    assert j.simulated_s == pytest.approx(simulate(plan).time_s)
+    assert simulated_s(plan, "program") == (pytest.approx(j.simulated_s), "program")
+    with pytest.raises(PlanError, match="measure must be one of"):
+        choose_plan(g, "cpu2", cache=False, measure="stack")
+    with pytest.raises(PlanError, match="needs a steady-state plan"):
+        choose_plan(g, "cpu2", cache=False, measure="block", steady_state=False)

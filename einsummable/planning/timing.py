@@ -5,8 +5,11 @@ at bandwidth b is busy L / b; a transfer of B bytes over hops h with bandwidths 
 latencies of its hops, plus the longest busy time on its route, plus sum_h B / b_h - max_h
 B / b_h (store and forward: a relay receives a message whole before sending it on, as the
 programs lowering emits do; alone on its route that is sum_h B / b_h, and where other
-messages load the bottleneck their time hides the relay's wait on the other hops); the round lasts as long as its slowest transfer plus its longest per-device
-reduce time (inputs read and output written at the device's memory bandwidth). After the last
+messages load the bottleneck their time hides the relay's wait on the other hops); the round
+lasts as long as its slowest transfer plus its longest per-device reduce time (inputs read and
+output written at the device's memory bandwidth), plus the host time of its messages
+(`message_time`) and, where two devices send to each other in it, their two-way wait
+(`exchange_wait_time`). After the last
 round each reader stitches the needs it got in several parts: its own parts, and received parts
 that are not one contiguous range of the need, are copied (read and written, one kernel per
 need); contiguous received parts land in place (lowering receives them there directly).
@@ -116,8 +119,9 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
             wire = max(wire, (0.0 if batched else latency)
                        + max(busy[res] for res, _ in terms) + nbytes * relay_s_per_byte)
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
-        total += wire + fold + (0.0 if batched else
-                                message_time(by_round.get(rnd, ()), topology))
+        routes = by_round.get(rnd, ())
+        total += wire + fold + (0.0 if batched else message_time(routes, topology)
+                                + exchange_wait_time(routes, topology))
     return total + stitch_time(ex, topology)
 
 
@@ -131,6 +135,15 @@ def message_time(routes, topology) -> float:
         count[a] = count.get(a, 0) + 1
         count[b] = count.get(b, 0) + 1
     return max((n * topology.devices[d].message_s for d, n in count.items()), default=0.0)
+
+
+def exchange_wait_time(routes, topology) -> float:
+    """Host seconds the round adds where two devices send to each other in it (their messages
+    cross, `Device.exchange_wait_s`): the largest such device's figure; zero where the
+    transport loses nothing (GPUs), as the simulator's two-way rule charges it."""
+    pairs = {pair for hops in routes for pair in zip(hops, hops[1:])}
+    return max((topology.devices[a].exchange_wait_s for a, b in pairs if (b, a) in pairs),
+               default=0.0)
 
 
 def stitch_time(ex: Exchange, topology) -> float:

@@ -17,7 +17,9 @@ holds only among P, and the report says so (`Plan.judged`).
 
 T_sim is `simulator.block_time` (one block in a stack) for a steady-state plan, the time of
 its program otherwise: the same figure the objective predicts (`docs/ARCHITECTURE.md`, "One
-model of time").
+model of time"). `measure="program"` judges a steady-state plan by its program alone instead:
+one block with no block before it to stream its weights behind, which is what a benchmark
+timing a single block runs.
 
 Variants: the MIP re-solved under the other overlap rule (every exchange on the critical path
 instead of weights streamed behind compute), a different prediction of the same programs,
@@ -45,9 +47,15 @@ SERIAL = "optimized-serial"  # the MIP under the other overlap rule
 BLOCK, PROGRAM = "block", "program"
 
 
-def simulated_s(plan: Plan) -> tuple[float, str]:
-    """The simulated seconds the plan's objective predicts, and which measure it is."""
-    if plan.options.steady_state:
+MEASURES = (BLOCK, PROGRAM)
+
+
+def simulated_s(plan: Plan, measure: str | None = None) -> tuple[float, str]:
+    """The simulated seconds of the plan by `measure` (default: what its objective predicts,
+    a block in a stack for a steady-state plan, else its program), and which measure it is."""
+    if measure is None:
+        measure = BLOCK if plan.options.steady_state else PROGRAM
+    if measure == BLOCK:
         return block_time(plan), BLOCK
     return simulate(plan).time_s, PROGRAM
 
@@ -63,18 +71,26 @@ def pool_labels(options: Options, strategies: Sequence[str] = NAMED,
 def choose_plan(graph: Graph, topology, *, options: Options | None = None,
                 time_limit_s: float | None = None, cache: bool | str | os.PathLike = True,
                 strategies: Sequence[str] = NAMED, serial: bool = False, jobs: int = 1,
-                **shortcuts) -> Plan:
+                measure: str | None = None, **shortcuts) -> Plan:
     """The least simulated plan among the MIP's optimum, the named `strategies` legal under
     the options, and (with `serial`) the MIP under the other overlap rule; `Plan.judged`
     holds every plan's objective and simulated seconds. `time_limit_s` and `cache` go to
     each MIP solve; `shortcuts` are `optimize`'s option keywords (`resolve_options`).
     `jobs`: processes simulating the plans at once (each plan's simulation is independent;
-    a process costs an interpreter start, so it pays on large machines' plans only)."""
+    a process costs an interpreter start, so it pays on large machines' plans only).
+    `measure`: "block" or "program" (module docstring; default: what the objective predicts)."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise PlanError(f"jobs must be a positive integer, got {jobs!r}",
                         fix="pass jobs=1 to simulate in this process")
+    if measure is not None and measure not in MEASURES:
+        raise PlanError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}",
+                        fix="pass measure='block' (a block in a stack) or 'program' (the "
+                            "plan's program alone), or leave it out")
     topology = load_topology(topology)
     options = resolve_options(options, **shortcuts)
+    if measure == BLOCK and not options.steady_state:
+        raise PlanError("measure='block' needs a steady-state plan",
+                        fix="pass steady_state=True, or measure='program'")
     plans: list[tuple[str, Plan]] = []
     left_out: list[tuple[str, str]] = []
     shared = None  # one model for every named plan, built when the first needs it
@@ -94,7 +110,7 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
             shared = shared or build_model(graph, topology, options)
             plan = named_plan(graph, topology, label, options=options, model=shared)
         plans.append((label, plan))
-    times = _simulate_all([p for _, p in plans], jobs)
+    times = _simulate_all([p for _, p in plans], jobs, measure)
     judged = []
     for order, ((label, plan), (seconds, measure)) in enumerate(zip(plans, times)):
         judged.append((seconds, order, Considered(label, plan.objective_s, seconds)))
@@ -105,15 +121,17 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
                                                    tuple(left_out)))
 
 
-def _simulate_all(plans: Sequence[Plan], jobs: int) -> list[tuple[float, str]]:
+def _simulate_all(plans: Sequence[Plan], jobs: int, measure: str | None
+                  ) -> list[tuple[float, str]]:
     """`simulated_s` of every plan, in order: here, or in `jobs` fresh processes (spawned:
     no state of this process, e.g. a gloo pool's threads, is forked into them)."""
     if jobs == 1 or len(plans) < 2:
-        return [simulated_s(p) for p in plans]
+        return [simulated_s(p, measure) for p in plans]
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(plans)), mp_context=context) as pool:
-        return list(pool.map(_simulated_from_json, [p.to_json() for p in plans]))
+        return list(pool.map(_simulated_from_json, [p.to_json() for p in plans],
+                             [measure] * len(plans)))
 
 
-def _simulated_from_json(text: str) -> tuple[float, str]:
-    return simulated_s(Plan.from_json(text))
+def _simulated_from_json(text: str, measure: str | None) -> tuple[float, str]:
+    return simulated_s(Plan.from_json(text), measure)

@@ -47,6 +47,7 @@ def check_structure(name: Any, devices: tuple, links: tuple, levels: tuple,
         _check_pos(d.mem_bytes, f"devices[{i}].mem_bytes", "bytes", fail)
         _check_nonneg(d.launch_s, f"devices[{i}].launch", "seconds", fail)
         _check_nonneg(d.message_s, f"devices[{i}].message", "seconds", fail)
+        _check_nonneg(d.exchange_wait_s, f"devices[{i}].exchange_wait", "seconds", fail)
     n = len(devices)
     pairs: dict[tuple[int, int], int] = {}
     for i, l in enumerate(links):

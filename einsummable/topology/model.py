@@ -51,6 +51,11 @@ class Device:
     # negligible beside the latency for NCCL). Lowering packs small blocks for one peer into
     # one message where this exceeds the copy (`coalesce.py`).
     message_s: float = 0.0
+    # Host seconds a rank loses each time it waits on a message from a peer while its own
+    # message to that peer is in flight too (a two-way exchange): gloo ranks whose cores ran
+    # compute just before such an exchange took 0.4-0.9 ms where a one-way hop took 0.15-0.2
+    # (`commands/calibrate/rounds.py` fits it); 0 for NCCL, whose kernels spin on the GPU.
+    exchange_wait_s: float = 0.0
     # What the device achieves of the figures above, by kind of work (`achieved.py`).
     achieved: Achieved = field(default_factory=Achieved)
 
@@ -61,6 +66,7 @@ class Device:
     def __hash__(self) -> int:  # peak_flops is a dict: hash its items
         return hash((self.id, self.name, self.node, tuple(sorted(self.peak_flops.items())),
                      self.mem_bw, self.mem_bytes, self.launch_s, self.message_s,
+                     self.exchange_wait_s,
                      self.achieved))
 
     def peak(self, dtype: Any) -> float:
@@ -312,6 +318,7 @@ class Topology:
                     "peak_flops": {k: d.peak_flops[k] for k in DTYPES},
                     "mem_bw": d.mem_bw, "mem_bytes": d.mem_bytes, "launch": d.launch_s,
                     **({"message": d.message_s} if d.message_s else {}),
+                    **({"exchange_wait": d.exchange_wait_s} if d.exchange_wait_s else {}),
                     **({"achieved": d.achieved.to_dict()} if not d.achieved.is_datasheet
                        else {})}
                    for d in self.devices]

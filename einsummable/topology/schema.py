@@ -215,6 +215,8 @@ class DeviceSpec(_Part):
     mem_bytes: Size = Field(description="memory size, e.g. 40 GB")
     launch: Duration = Field(description="kernel launch overhead, e.g. 5 us")
     message: Duration = Field(0.0, description="host time per point-to-point message")
+    exchange_wait: Duration = Field(0.0, description="host time a rank loses waiting in a "
+                                    "two-way exchange, e.g. 500 us for gloo ranks (0: none)")
     achieved: AchievedSpec | None = Field(None, description="achieved fractions of the "
                                           "datasheet figures")
 
@@ -222,7 +224,7 @@ class DeviceSpec(_Part):
         """The `model.Device` fields this spec gives."""
         return {"peak_flops": self.peak_flops.model_dump(), "mem_bw": self.mem_bw,
                 "mem_bytes": self.mem_bytes, "launch_s": self.launch,
-                "message_s": self.message,
+                "message_s": self.message, "exchange_wait_s": self.exchange_wait,
                 "achieved": Achieved() if self.achieved is None
                 else self.achieved.to_achieved()}
 
@@ -248,6 +250,7 @@ class ExplicitDevice(_Part):
     mem_bytes: Size | None = None
     launch: Duration | None = None
     message: Duration | None = None
+    exchange_wait: Duration | None = None
     achieved: AchievedSpec | None = None
 
     @model_validator(mode="after")

@@ -18,6 +18,10 @@ topology (for cpu4: measured by `einsummable calibrate`):
     const     = launch + bytes / memory rate
     send      = launch + 2 · bytes / memory rate to pack a strided slice before it leaves
     message   = per Send and per Recv, the device's `message_s` (host work of the transport)
+    two-way   = a message from a peer that crossed the rank's own last message to that peer
+                (both in flight at once: an exchange, not a reply) is usable the device's
+                `exchange_wait_s` after it arrived (host scheduling on gloo ranks whose cores
+                computed just before; 0 on GPUs)
     pack      = launch + 2 · bytes / memory rate (several blocks for one peer as one message)
     unpack    = launch + 2 · bytes / memory rate of the parts it copies into place (views: free)
 
@@ -125,6 +129,12 @@ class _Outbox:
 # Blocks a steady-state block time is measured in: the last of them, after the others
 # (`block_time`); two is enough for the weights of one block to stream behind the one before.
 STEADY_BLOCKS = 2
+
+
+# A reply that leaves the instant its request arrives (free view ops, no host work) must not
+# count as crossing it through float rounding: two messages cross only if each left at least
+# this long before the other arrived (far below any latency).
+CROSSING_MARGIN_S = 1e-9
 
 
 # Instructions that run a kernel on the device. Place (the block is already resident), Slice
@@ -238,7 +248,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 if tag not in net.arrived:
                     blocked[r] = tag
                     return False
-                ready[r][b] = max(ready[r].get(b, 0.0), net.arrived[tag])
+                usable = net.arrived[tag]
+                if exchange_wait[r] and crossed(r, tag):
+                    usable += exchange_wait[r]
+                ready[r][b] = max(ready[r].get(b, 0.0), usable)
             start = max(start, ready[r].get(b, 0.0))
         record_shape(r, ins)
         dt = cost(r, ins)
@@ -249,6 +262,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         t[r] = start + dt
         if isinstance(ins, Recv):
             recv_tag[r].setdefault(ins.out if ins.into is None else ins.into, []).append(ins.tag)
+            source[ins.tag] = ins.peer
         elif isinstance(ins, Unpack):
             tags = recv_tag[r].get(ins.src, [])
             for out, _, into, _ in ins.parts:
@@ -270,12 +284,22 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                            max([t[r], ready[r].get(ins.src, 0.0)]
                                + [net.arrived[x] for x in tags if x in net.arrived]))
             link_bytes[(r, ins.peer)] = link_bytes.get((r, ins.peer), 0) + size
+            last_sent[r][ins.peer] = ins.tag
         elif not isinstance(ins, Free | Output):
             w = getattr(ins, "out", None)
             if w is not None:
                 ready[r][w] = t[r]
         pc[r] += 1
         return True
+
+    def crossed(r: int, tag: int) -> bool:
+        """Whether message `tag` to r and r's last message to its sender were in flight at
+        once (module docstring: two-way)."""
+        mine = last_sent[r].get(source.get(tag, -1))
+        if mine is None or mine not in started:
+            return False
+        return (started[tag] < net.arrived.get(mine, math.inf) - CROSSING_MARGIN_S
+                and started[mine] < net.arrived[tag] - CROSSING_MARGIN_S)
 
     def wake(tag: int) -> None:
         for r, want in list(blocked.items()):
@@ -287,6 +311,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
     def issue(now: float) -> None:
         for r, box in enumerate(outbox):
             for queue, flow in box.take(now):
+                started[flow.tag] = now
                 if queue:
                     queue_of[flow.tag] = queues[r]
                     queues[r].send(queue, flow)
@@ -295,6 +320,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
 
     outbox = [_Outbox() for _ in range(n)]
     lengths = [len(p.instrs) for p in low.programs]
+    exchange_wait = [d.exchange_wait_s for d in topo.devices]
+    last_sent: list[dict[int, int]] = [dict() for _ in range(n)]  # peer -> tag of r's last send
+    source: dict[int, int] = {}  # tag -> the rank that sends it
+    started: dict[int, float] = {}  # tag -> when its flow left its sender's outbox
     while True:
         runnable = [r for r in range(n) if pc[r] < lengths[r] and r not in blocked]
         t_send = min(box.next_ready() for box in outbox)

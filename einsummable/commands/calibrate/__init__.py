@@ -157,18 +157,19 @@ def main_ranks(args: argparse.Namespace) -> int:
         pairs = ranks.pairs_rounds(args.world_size)
         lows = [rounds.chain_program(args.world_size, pairs[0], c.kind, chain_effort)
                 for c in chains]
-        fit = rounds.fit_links(chains, lows, lambda lat, msg, bw: cpu_yaml.topology(
-            m, lat, msg, bw), (m.p2p_latency_s, m.message_s, m.p2p_bw))
+        fit = rounds.fit_links(chains, lows, lambda lat, msg, bw, wait: cpu_yaml.topology(
+            m, lat, msg, bw, wait), (m.p2p_latency_s, m.message_s, m.p2p_bw))
     text = cpu_yaml.render(m, chains, fit, args.name or f"cpu{args.world_size}",
                            _command(args), chain_effort.trials)
-    latency, message, bw = cpu_yaml.links(m, fit)
+    latency, message, bw, wait = cpu_yaml.links(m, fit)
     payload = {"measured": asdict(m), "chains": [asdict(c) for c in chains],
                "fit": None if fit is None else asdict(fit),
                "chain_effort": asdict(chain_effort)}
     _emit(args, text, payload,
           f"matmul fp32 {si(m.peak_flops['float32'], 'FLOP/s')}, memory "
           f"{si(m.mem_bw, 'B/s')}, launch {duration(m.launch_s)}, links {si(bw, 'B/s')} / "
-          f"{duration(latency)}, {duration(message)} per message")
+          f"{duration(latency)}, {duration(message)} per message, {duration(wait)} per two-way "
+          "exchange wait")
     return 0
 
 

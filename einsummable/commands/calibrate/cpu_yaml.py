@@ -5,36 +5,67 @@
 latency, bandwidth and per-message figures from the dependent-round fit of `rounds.py` where
 there is one (two or more ranks), else the independent-batch figures; both sets and every
 chain's measured and simulated time in the header, so a reader can compare.
+
+The `achieved:` section (`achieved`) is fitted as `device_yaml.fit_device` fits a device's,
+to the kernel calls every rank timed with all ranks running:
+
+    matmul      (FLOPs, rate / peak_flops.float32) of every GEMM, binned and pooled (`curve`)
+    attention   the same over the causal SDPA calls
+    memory      median elementwise and norm rate / mem_bw, at most 1 (mem_bw is the rate of an
+                add far above the caches; small blocks in cache may run faster than it)
 """
 from __future__ import annotations
 
 import datetime
 import os
+import statistics
 from typing import Any
 
 import torch
 
 from ...topology import Topology, read_topology
-from .fmt import duration, si
+from ...topology.achieved import Achieved
+from .device_yaml import MIN_FRACTION, curve, curve_yaml
+from .fmt import duration, fraction, si
 from .ranks import DTYPES, Measured
 from .rounds import ChainTime, LinkFit
 
 
-def links(m: Measured, fit: LinkFit | None) -> tuple[float, float, float]:
-    """(latency, message, bw) the topology gets (module docstring)."""
+def links(m: Measured, fit: LinkFit | None) -> tuple[float, float, float, float]:
+    """(latency, message, bw, exchange wait) the topology gets (module docstring)."""
     if fit is None:
-        return m.p2p_latency_s, m.message_s, m.p2p_bw
-    return fit.latency_s, fit.message_s, fit.bw
+        return m.p2p_latency_s, m.message_s, m.p2p_bw, 0.0
+    return fit.latency_s, fit.message_s, fit.bw, fit.exchange_wait_s
 
 
-def document(m: Measured, latency_s: float, message_s: float, bw: float,
+def achieved(m: Measured) -> Achieved | None:
+    """The achieved fractions of the module docstring (None when no kernels were timed)."""
+    if not m.kernels:
+        return None
+    peak = m.peak_flops["float32"]
+    mm = [(p.work, p.rate / peak) for p in m.kernels if p.kind == "gemm"]
+    att = [(p.work, p.rate / peak) for p in m.kernels if p.kind == "sdpa-causal"]
+    mem = statistics.median(p.rate for p in m.kernels if p.kind in ("elementwise", "norm"))
+    return Achieved(curve(mm), curve(att),
+                    float(fraction(min(1.0, max(MIN_FRACTION, mem / m.mem_bw)))))
+
+
+def _achieved_doc(a: Achieved | None) -> dict[str, Any]:
+    if a is None:
+        return {}
+    return {"achieved": {"matmul": a.matmul.to_yaml(), "attention": a.attention.to_yaml(),
+                         "memory": a.memory}}
+
+
+def document(m: Measured, latency_s: float, message_s: float, bw: float, wait_s: float,
              name: str) -> dict[str, Any]:
     """The topology as a YAML mapping, figures in base units (exact floats)."""
     return {
         "name": name,
         "device_types": {"cpu": {"peak_flops": dict(m.peak_flops), "mem_bw": m.mem_bw,
                                  "mem_bytes": m.mem_bytes, "launch": m.launch_s,
-                                 "message": message_s}},
+                                 "message": message_s, "exchange_wait": wait_s,
+                                 **_achieved_doc(achieved(m))}},
         "nodes": {"count": 1, "devices_per_node": m.world_size, "device_type": "cpu",
                   "name": "rank{id}"},
         "links": [{"kind": "loopback", "pairs": "all", "bw": bw, "latency": latency_s}],
@@ -42,13 +73,23 @@ def document(m: Measured, latency_s: float, message_s: float, bw: float,
     }
 
 
-def topology(m: Measured, latency_s: float, message_s: float, bw: float) -> Topology:
-    return read_topology(document(m, latency_s, message_s, bw, f"cpu{m.world_size}"),
+def topology(m: Measured, latency_s: float, message_s: float, bw: float,
+             wait_s: float = 0.0) -> Topology:
+    return read_topology(document(m, latency_s, message_s, bw, wait_s, f"cpu{m.world_size}"),
                          "calibrate")
 
 
+def _achieved_yaml(a: Achieved | None) -> str:
+    if a is None:
+        return ""
+    return (f"    achieved:\n"
+            f"      matmul: {curve_yaml(a.matmul)}\n"
+            f"      attention: {curve_yaml(a.attention)}\n"
+            f"      memory: {fraction(a.memory)}\n")
+
+
 def _body(m: Measured, fit: LinkFit | None, name: str) -> str:
-    latency, message, bw = links(m, fit)
+    latency, message, bw, wait = links(m, fit)
     pf = ", ".join(f"{k}: {si(m.peak_flops[k], 'FLOP/s')}" for k in DTYPES)
     how = ("fitted to dependent exchange rounds (see the header)" if fit is not None
            else "independent ping-pong and message batches (one rank: no chains)")
@@ -65,6 +106,8 @@ def _body(m: Measured, fit: LinkFit | None, name: str) -> str:
             f"    mem_bytes: {si(m.mem_bytes, 'B')}\n"
             f"    launch: {duration(m.launch_s)}\n"
             f"    message: {duration(message)}\n"
+            f"    exchange_wait: {duration(wait)}\n"
+            + _achieved_yaml(achieved(m)) +
             f"nodes: {{count: 1, devices_per_node: {m.world_size}, device_type: cpu, "
             f"name: \"rank{{id}}\"}}\n"
             f"links:\n"
@@ -82,9 +125,10 @@ def _chains_header(chains: tuple[ChainTime, ...], fit: LinkFit, trials: int) -> 
                     f"{c.measured_s * 1e3:8.3f} ms {c.spread * 100:9.1f}% "
                     f"{s * 1e3:8.3f} ms")
     bound = (f"; held at a bound: {', '.join(fit.bounded)}" if fit.bounded else "")
-    return ("# Link latency, bandwidth and message are FITTED to dependent exchange rounds\n"
-            "# (einsummable/commands/calibrate/rounds.py): chains of transfers in which each\n"
-            "# rank's next op reads what it just received, run by the dist executor on gloo;\n"
+    return ("# Link latency, bandwidth, message are FITTED to dependent exchange rounds\n"
+            "# and the two-way exchange wait (einsummable/commands/calibrate/rounds.py):\n"
+            "# chains of transfers in which each rank's next op reads what it just received\n"
+            "# (duplex: both ranks compute, then exchange), run by the dist executor on gloo;\n"
             "# the simulator, on this file, gives each chain its measured median time:\n"
             + "\n".join(rows) + "\n"
             f"# Medians over {trials} trials x every round-robin round, chains interleaved;\n"

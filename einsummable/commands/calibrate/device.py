@@ -11,13 +11,15 @@ trials). The shapes are the ones plans produce: the matmuls of the LLaMA-7B-widt
     SDPA        torch's scaled_dot_product_attention on (1, heads/k, T, 128), causal and not;
                 FLOPs as the project counts one fused attention call (`frontend/kernels.py`:
                 every score, causal or not), so fractions line up with what `kernel_time` asks
-    elementwise out = a + b on T x dim and T x ffn/k blocks: 3 · bytes / t
+    elementwise out = a + b (a new tensor) on T x dim and T x ffn/k blocks: 3 · bytes / t
     norm        the runtime's RMSNorm kernel on T x dim: (x + w read, y written) / t
     copy        dst.copy_(src) of a large block on the device (device to device): 2 · bytes / t,
                 bytes read plus bytes written
     launch      kernel: a one-element in-place add, many back to back, seconds per call;
-                runtime: seconds per instruction of the local executor on this device (a chain
-                of tiny elementwise ops lowered for one rank), what a program pays per kernel
+                runtime: seconds per kernel of the local executor on this device (a chain of
+                tiny elementwise ops lowered for one rank: its time over its Compute count,
+                so the Free of each kernel's output, which every block made is given once,
+                is in the figure), what a program pays per kernel
     slowdown    the square GEMM alone (t0), and while copies of the large block run on another
                 CUDA stream (t1, the copies outlast the GEMMs); on the CPU the copies run in a
                 second thread; `transfer_slowdown` = 1 - t0 / t1
@@ -35,6 +37,7 @@ import torch
 
 from ...backend.lowering import lower
 from ...backend.runtime.local import run_local
+from ...core.program import Compute
 from ...frontend.builder import Builder
 from ...frontend.fuse import fuse
 from ...frontend.reference import TORCH_DTYPES, evaluate_op
@@ -74,6 +77,11 @@ CPU = Shapes(dim=1024, ffn=2752, heads=8, head_dim=128, tokens=(32, 128, 512),
 QUICK = Shapes(dim=256, ffn=688, heads=2, head_dim=128, tokens=(8, 32), splits=(1, 2),
                square_n=128, copy_bytes=1 << 22, launch_ops=20,
                budget=clock.Budget(warmup=1, trials=3, min_trial_s=0.002))
+# The kernels of the llama-tiny block the CPU ranks run (`einsummable calibrate --world-size`):
+# measured on every rank at once, so the curves carry what ranks sharing cores and memory get.
+CPU_RANKS = Shapes(dim=64, ffn=172, heads=4, head_dim=16, tokens=(64, 256, 1024, 4096),
+                   splits=(1, 2, 4), square_n=256, copy_bytes=1 << 24, launch_ops=100,
+                   budget=clock.Budget(warmup=2, trials=3, min_trial_s=0.02))
 
 
 @dataclass(frozen=True)
@@ -155,9 +163,9 @@ def sdpa_point(heads: int, t: int, e: int, causal: bool, dtype: str, device: tor
 
 def elementwise_point(rows: int, cols: int, dtype: str, device: torch.device,
                       budget: clock.Budget) -> Point:
+    """a + b into a new tensor, as the runtime's kernels write theirs."""
     a, b = _randn((rows, cols), dtype, device), _randn((rows, cols), dtype, device)
-    c = torch.empty_like(a)
-    sec = clock.seconds(lambda: torch.add(a, b, out=c), device, budget)
+    sec = clock.seconds(lambda: torch.add(a, b), device, budget)
     return Point("elementwise", dtype, (rows, cols), 3.0 * a.numel() * a.element_size(), sec)
 
 
@@ -186,7 +194,8 @@ def launch_kernel_s(device: torch.device, budget: clock.Budget) -> float:
 
 
 def launch_runtime_s(device: torch.device, ops: int, budget: clock.Budget) -> float:
-    """Seconds per instruction of the local executor running a chain of tiny ops on device."""
+    """Seconds per kernel of the local executor running a chain of tiny ops on device, the
+    host bookkeeping around each kernel (its output's Free) included (module docstring)."""
     b = Builder()
     x = b.input("x", (4,))
     y = x
@@ -198,7 +207,7 @@ def launch_runtime_s(device: torch.device, ops: int, budget: clock.Budget) -> fl
     low = lower(g, ch, synthetic(1))
     ins = {"x": torch.randn(4)}
     per_run = clock.seconds(lambda: run_local(low, ins, device=device), device, budget)
-    return per_run / len(low.programs[0].instrs)
+    return per_run / sum(isinstance(i, Compute) for i in low.programs[0].instrs)
 
 
 def _loaded_seconds(gemm: Callable[[], object], device: torch.device, alone_s: float,
@@ -267,33 +276,43 @@ def _name(device: torch.device) -> str:
            f"{torch.get_num_threads()} torch threads)"
 
 
-def measure_device(device: torch.device | str, shapes: Shapes, curve_dtypes: tuple[str, ...],
-                   progress: Callable[[str], None] = lambda _: None) -> DeviceFigures:
-    """Every figure of the module docstring on `device`; curves in `curve_dtypes`."""
-    dev = clock.check_device(device)
-    s, bud = shapes, shapes.budget
+def kernel_points(device: torch.device, s: Shapes, curve_dtypes: tuple[str, ...],
+                  progress: Callable[[str], None] = lambda _: None,
+                  causal_only: bool = False) -> list[Point]:
+    """The GEMM, SDPA, elementwise and norm points of the module docstring (what the achieved
+    curves and the memory fraction are fitted to)."""
+    bud = s.budget
     pts: list[Point] = []
     progress(f"GEMMs over {len(gemm_shapes(s))} shapes x {len(curve_dtypes)} dtypes")
     for dtype in curve_dtypes:
         for t, n, k in gemm_shapes(s):
-            pts.append(gemm_point(t, n, k, dtype, dev, bud))
-    for dtype in ALL_DTYPES:
-        pts.append(gemm_point(s.square_n, s.square_n, s.square_n, dtype, dev, bud, "square"))
+            pts.append(gemm_point(t, n, k, dtype, device, bud))
     progress("SDPA")
     for dtype in curve_dtypes:
         for t in s.tokens:
             for k in s.splits:
                 if s.heads % k == 0:
-                    for causal in (True, False):
-                        pts.append(sdpa_point(s.heads // k, t, s.head_dim, causal, dtype, dev,
-                                              bud))
+                    for causal in (True,) if causal_only else (True, False):
+                        pts.append(sdpa_point(s.heads // k, t, s.head_dim, causal, dtype,
+                                              device, bud))
     progress("memory")
     mem_dtype = curve_dtypes[0]
     for t in s.tokens:
         widths = {s.dim} | {s.ffn // k for k in s.splits if s.ffn % k == 0}
         for w in sorted(widths):
-            pts.append(elementwise_point(t, w, mem_dtype, dev, bud))
-        pts.append(norm_point(t, s.dim, mem_dtype, dev, bud))
+            pts.append(elementwise_point(t, w, mem_dtype, device, bud))
+        pts.append(norm_point(t, s.dim, mem_dtype, device, bud))
+    return pts
+
+
+def measure_device(device: torch.device | str, shapes: Shapes, curve_dtypes: tuple[str, ...],
+                   progress: Callable[[str], None] = lambda _: None) -> DeviceFigures:
+    """Every figure of the module docstring on `device`; curves in `curve_dtypes`."""
+    dev = clock.check_device(device)
+    s, bud = shapes, shapes.budget
+    pts = kernel_points(dev, s, curve_dtypes, progress)
+    for dtype in ALL_DTYPES:
+        pts.append(gemm_point(s.square_n, s.square_n, s.square_n, dtype, dev, bud, "square"))
     copy = copy_point(s.copy_bytes, dev, bud)
     pts.append(copy)
     progress("launch and slowdown")

@@ -115,7 +115,7 @@ def fit_device(fig: DeviceFigures, sheet: Datasheet, curve_dtypes: tuple[str, ..
                       achieved)
 
 
-def _curve_yaml(c: Curve) -> str:
+def curve_yaml(c: Curve) -> str:
     return "[" + ", ".join(f"[{number(f)}, {fraction(v)}]" for f, v in c.points) + "]"
 
 
@@ -176,8 +176,8 @@ def render(fig: DeviceFigures, dt: DeviceType, name: str, command: str,
             f"    mem_bytes: {si(dt.mem_bytes, 'B')}\n"
             f"    launch: {duration(dt.launch_s)}\n"
             f"    achieved:\n"
-            f"      matmul: {_curve_yaml(a.matmul)}\n"
-            f"      attention: {_curve_yaml(a.attention)}\n"
+            f"      matmul: {curve_yaml(a.matmul)}\n"
+            f"      attention: {curve_yaml(a.attention)}\n"
             f"      memory: {fraction(a.memory)}\n"
             f"      transfer_slowdown: {fraction(a.transfer_slowdown)}\n"
             f"nodes: {{count: 1, devices_per_node: 1, device_type: {name}}}\n"

@@ -7,7 +7,11 @@ the runtime gives each rank, because that is the condition the runtime's program
 
     matmul rate     2 n^3 / t of an n x n matmul per dtype                 -> peak_flops
     memory bw       3 · bytes / t of out = a + b on tensors far above cache  -> mem_bw
-    launch          seconds per instruction of the runtime on a 1-rank program of tiny ops
+    launch          seconds per kernel of the runtime on a 1-rank program of tiny ops, the
+                    Free of its output included (`device.launch_runtime_s`)
+    kernels         GEMM, causal SDPA, elementwise and norm calls at the llama-tiny block's
+                    sizes (`device.kernel_points`, `device.CPU_RANKS`), from which
+                    `cpu_yaml.achieved` fits the topology's achieved curves and memory fraction
     p2p latency     half the round trip of a 1-element message, median over all pairs
     p2p bandwidth   bytes / (half round trip - latency) of a large message
     message         host seconds one more message adds to a batch, every rank exchanging
@@ -21,6 +25,7 @@ a topology gets are fitted so that the simulator reproduces them.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import queue
@@ -32,20 +37,15 @@ from typing import Any
 
 import torch
 
-from ...backend.lowering import lower
 from ...backend.runtime.dist import (
     WAIT_TIMEOUT_S,
-    WORKER_ENV,
     free_port,
     p2p_barrier,
     threads_per_rank,
+    worker_env,
 )
-from ...backend.runtime.local import run_local
 from ...errors import RuntimeFault
-from ...frontend.builder import Builder
-from ...planning.placement import INPUT_PREFIX, input_op, place
-from ...topology import synthetic
-from . import rounds
+from . import device, rounds
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -62,12 +62,14 @@ class Effort:
     launch_ops: int
     batch_messages: int = 8  # m above: messages per peer in the large batch
     chains: rounds.ChainEffort = rounds.FULL  # the dependent rounds (`rounds.py`)
+    kernels: device.Shapes = device.CPU_RANKS  # the calls the achieved curves are fitted to
 
 
 FULL = Effort(matmul_n=512, matmul_n_half=256, mem_elems=1 << 23, msg_bytes=1 << 24,
               budget_s=0.25, trials=5, launch_ops=200)
 QUICK = Effort(matmul_n=128, matmul_n_half=64, mem_elems=1 << 20, msg_bytes=1 << 20,
-               budget_s=0.01, trials=1, launch_ops=20, batch_messages=4, chains=rounds.QUICK)
+               budget_s=0.01, trials=1, launch_ops=20, batch_messages=4, chains=rounds.QUICK,
+               kernels=device.QUICK)
 # Timed batches per trial of the message measurement (after one warm-up batch).
 MESSAGE_REPS = 6
 
@@ -85,6 +87,7 @@ class Measured:
     p2p_latency_s: float
     message_s: float = 0.0
     chains: tuple[rounds.ChainTime, ...] = ()  # the dependent rounds, measured
+    kernels: tuple[device.Point, ...] = ()  # kernel calls, median seconds over the ranks
 
 
 def _rate(fn: Callable[[], Any], work: float, effort: Effort) -> float:
@@ -120,23 +123,6 @@ def _mem_bw(effort: Effort) -> float:
     a, b = torch.randn(effort.mem_elems), torch.randn(effort.mem_elems)
     c = torch.empty_like(a)
     return _rate(lambda: torch.add(a, b, out=c), 3.0 * a.numel() * a.element_size(), effort)
-
-
-def _launch_s(effort: Effort) -> float:
-    """Seconds per instruction of the runtime itself: a chain of elementwise ops on 4 floats,
-    lowered for one rank and run by the same RankState the executors use."""
-    b = Builder()
-    x = b.input("x", (4,))
-    y = x
-    for _ in range(effort.launch_ops):
-        y = y * 0.5 + x
-    g = b.build([y])
-    ch = {op.name: place(op, {}, [0]) for op in g.ops}
-    ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
-    low = lower(g, ch, synthetic(1))
-    n_instr = len(low.programs[0].instrs)
-    ins = {"x": torch.randn(4)}
-    return 1.0 / _rate(lambda: run_local(low, ins), n_instr, effort)
 
 
 def _pingpong(rank: int, peer: int, nbytes: int, effort: Effort, timeout: datetime.timedelta,
@@ -219,7 +205,11 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
         p2p_barrier(rank, world)
         mem = _mem_bw(effort)
         p2p_barrier(rank, world)
-        launch = _launch_s(effort)
+        launch = device.launch_runtime_s(torch.device("cpu"), effort.launch_ops,
+                                         effort.kernels.budget)
+        p2p_barrier(rank, world)
+        kernels = device.kernel_points(torch.device("cpu"), effort.kernels, ("float32",),
+                                       causal_only=True)
         lat, bw = [], []
         for rnd in pairs_rounds(world):
             p2p_barrier(rank, world)
@@ -239,7 +229,8 @@ def _measure_rank(rank: int, world: int, port: int, effort: Effort, results) -> 
         dist.destroy_process_group()
         results.put((rank, "done", {"flops": flops, "mem": mem, "launch": launch,
                                     "lat": lat, "bw": bw, "threads": threads,
-                                    "message": message, "chains": chains}))
+                                    "message": message, "chains": chains,
+                                    "kernels": kernels}))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails cleanly
         results.put((rank, "error", f"{type(e).__name__}: {e}"))
 
@@ -251,15 +242,9 @@ def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measur
     port = free_port()
     procs = [ctx.Process(target=_measure_rank, args=(r, world, port, effort, results),
                          daemon=True) for r in range(world)]
-    # The runtime's workers start with WORKER_ENV; so do these (children read it at start).
-    added = {k: v for k, v in WORKER_ENV.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
+    with worker_env():  # the runtime's workers start with WORKER_ENV; so do these
         for p in procs:
             p.start()
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
     got: dict[int, dict] = {}
     deadline = time.monotonic() + limit_s
     try:
@@ -285,10 +270,14 @@ def measure(world: int, effort: Effort = FULL, limit_s: float = 600.0) -> Measur
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     lat = [x for g in got.values() for x in g["lat"]] or [0.0]
     bw = [x for g in got.values() for x in g["bw"]] or [1.0]
+    # Every rank measured the same calls in the same order: the median seconds of each.
+    kernels = tuple(dataclasses.replace(p, seconds=med(got[r]["kernels"][i].seconds
+                                                       for r in got))
+                    for i, p in enumerate(got[0]["kernels"]))
     return Measured(world, got[0]["threads"],
                     {k: med(g["flops"][k] for g in got.values()) for k in DTYPES},
                     med(g["mem"] for g in got.values()), float(pages // world),
                     med(g["launch"] for g in got.values()), med(bw), med(lat),
                     med(g["message"] for g in got.values()),
                     rounds.summarize([got[r]["chains"] for r in range(world)], effort.chains)
-                    if world > 1 else ())
+                    if world > 1 else (), kernels)

@@ -9,6 +9,9 @@ their chains at once (each rank in one pair), as ranks do in an exchange. Three 
     tiny    1 element per hop, one message
     multi   K messages of 1 element per hop (K sends; K receives landing in one buffer)
     large   one block of B bytes per hop
+    duplex  both ranks of a pair, every hop: a W x W matmul (the core busy, as in a plan),
+            then each sends its 1-element block to the other and reads the one it receives:
+            two-way exchanges, whose messages cross (`Device.exchange_wait_s`)
 
 Each chain is a hand-made `Lowered` program, run by the dist executor (`dist.execute`, the
 runtime's own code) inside the calibration's gloo ranks and timed as `Pool.time` times a
@@ -17,14 +20,16 @@ counting; and simulated by `simulate_programs` on the calibrated topology. Trial
 the chains and rounds, so drift hits all alike; the figure per chain is the median over rounds
 and trials, and its noise the interquartile range over the median.
 
-The fit. With the rank-local figures (launch, memory) fixed, the simulated time of chain j is
-a function S_j(x) of x = (L, m, g): the link latency, the per-message host seconds and the
-inverse link bandwidth. On a serial chain S_j is linear in x (every term lies on the critical
-path): S_j(x) = S_j(0) + a_j L + c_j m + d_j g, with a_j about the hop count, c_j the messages
-on the path and d_j the bytes. The coefficients are read off the simulator by finite
-differences, and x solves S(x) = T (the measured medians), three equations in three unknowns
-(K > 1 separates m from L; B separates g), subject to L, m >= 0 and bandwidth <= MAX_BW; where a
-bound binds, the free unknowns are fitted by least squares. The step is repeated from the
+The fit. With the rank-local figures (launch, memory, achieved rates) fixed, the simulated
+time of chain j is a function S_j(x) of x = (L, m, g, w): the link latency, the per-message
+host seconds, the inverse link bandwidth and the two-way exchange wait. On a serial chain S_j
+is linear in x (every term lies on the critical path): S_j(x) = S_j(0) + a_j L + c_j m + d_j g
++ e_j w, with a_j about the hop count, c_j the messages on the path, d_j the bytes and e_j the
+crossed waits (only duplex has them). The coefficients are read off the simulator by finite
+differences, and x solves S(x) = T (the measured medians), four equations in four unknowns
+(K > 1 separates m from L; B separates g; duplex's crossing messages separate w), subject to
+L, m, w >= 0 and bandwidth <= MAX_BW; where a bound binds, the free unknowns are fitted by
+least squares. The step is repeated from the
 solution (Newton) in case a term leaves the critical path, until the simulated times match
 to FIT_RTOL.
 """
@@ -33,7 +38,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,13 +47,13 @@ import torch
 from ...backend.lowering import Lowered
 from ...backend.runtime.dist import execute, p2p_barrier, rank_blocks
 from ...backend.runtime.simulator import simulate_programs
-from ...core.program import Alloc, Compute, Output, Place, Program, Recv, Send, Slice
+from ...core.program import Alloc, Compute, Free, Output, Place, Program, Recv, Send, Slice
 from ...errors import PlanError
 from ...frontend.ir import Graph, TensorInfo, make_op
 from ...frontend.scalar import arg
 from ...topology import Topology
 
-CHAINS = ("tiny", "multi", "large")
+CHAINS = ("tiny", "multi", "large", "duplex")
 ELEM_BYTES = 4  # the chains send float32
 # The fastest link the fit may find (a bound, so that g = 1/bw stays positive).
 MAX_BW = 1e13
@@ -57,7 +62,7 @@ FIT_STEPS = 6
 FIT_RTOL = 1e-4
 # Finite-difference steps of the coefficients: relative to the point, with a floor.
 REL_STEP = 0.05
-MIN_STEP = {"latency": 1e-6, "message": 1e-6, "inv_bw": 1e-12}
+MIN_STEP = {"latency": 1e-6, "message": 1e-6, "inv_bw": 1e-12, "exchange_wait": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,10 @@ class ChainEffort:
     large_bytes: int     # B: bytes per hop of the large chain
     trials: int
     warmup: int = 1
+    busy_n: int = 64     # W: the duplex chain's matmul is W x W x W
 
 
-FULL = ChainEffort(hops=40, multi=8, large_bytes=1 << 21, trials=15)
+FULL = ChainEffort(hops=40, multi=8, large_bytes=1 << 21, trials=15, busy_n=192)
 QUICK = ChainEffort(hops=10, multi=4, large_bytes=1 << 18, trials=5)
 
 
@@ -96,11 +102,12 @@ class LinkFit:
     simulated_s: tuple[float, ...]
     max_rel_error: float
     bounded: tuple[str, ...] = ()   # unknowns held at a bound
+    exchange_wait_s: float = 0.0
 
 
 def chain_shape(kind: str, effort: ChainEffort) -> tuple[int, int]:
     """(elements per message, messages per hop) of a chain."""
-    if kind == "tiny":
+    if kind in ("tiny", "duplex"):
         return 1, 1
     if kind == "multi":
         return 1, effort.multi
@@ -109,11 +116,46 @@ def chain_shape(kind: str, effort: ChainEffort) -> tuple[int, int]:
     raise PlanError(f"unknown chain {kind!r}", fix=f"use one of {', '.join(CHAINS)}")
 
 
-def _hop_graph(n: int) -> Graph:
-    """x (n,) -> y = x through one identity op: the op every hop runs on what it received."""
+def _hop_graph(n: int, busy_n: int) -> Graph:
+    """x (n,) -> y = x through one identity op: the op every hop runs on what it received;
+    and z = w @ w, the duplex chain's busy work."""
     op = make_op("hop", "a->a", ["x"], "y", {"x": (n,)}, join=arg(0))
-    return Graph((TensorInfo("x", (n,), "float32", "input"), TensorInfo("y", (n,), "float32")),
-                 (op,), ("y",))
+    work = make_op("work", "ab,bc->ac", ["w", "w"], "z", {"w": (busy_n, busy_n)},
+                   join=arg(0) * arg(1), agg="sum")
+    return Graph((TensorInfo("x", (n,), "float32", "input"),
+                  TensorInfo("w", (busy_n, busy_n), "float32", "input"),
+                  TensorInfo("y", (n,), "float32"), TensorInfo("z", (busy_n, busy_n), "float32")),
+                 (op, work), ("y",))
+
+
+def _duplex(instrs: list[list], pairs: list[tuple[int, int]], hops: int, busy_n: int,
+            ids: Iterator[int], tags: Iterator[int]) -> dict[tuple[int, int], int]:
+    """Both ranks of each pair: Place x and w; every hop the matmul, then send its block to
+    the other and read the one it receives. Returns (pair) -> rank a's final block."""
+    cur: dict[int, int] = {}
+    w: dict[int, int] = {}
+    for a, b in pairs:
+        for r in (a, b):
+            cur[r], w[r] = next(ids), next(ids)
+            instrs[r].append(Place(cur[r], "x", ((0, 1),)))
+            instrs[r].append(Place(w[r], "w", ((0, busy_n), (0, busy_n))))
+    full = ((0, busy_n), (0, busy_n), (0, busy_n))
+    for _ in range(hops):
+        for a, b in pairs:
+            sent = {a: next(tags), b: next(tags)}
+            got = {}
+            for r, peer in ((a, b), (b, a)):
+                z = next(ids)
+                instrs[r].append(Compute(z, "work", full, (w[r], w[r])))
+                instrs[r].append(Free(z))
+                instrs[r].append(Send(cur[r], peer, sent[r]))
+                got[r] = next(ids)
+                instrs[r].append(Recv(got[r], peer, sent[peer], (1,), "float32"))
+            for r in (a, b):
+                out = next(ids)
+                instrs[r].append(Compute(out, "hop", ((0, 1),), (got[r],)))
+                cur[r] = out
+    return {(a, b): cur[a] for a, b in pairs}
 
 
 def chain_program(world: int, pairs: list[tuple[int, int]], kind: str,
@@ -127,10 +169,13 @@ def chain_program(world: int, pairs: list[tuple[int, int]], kind: str,
     instrs: list[list] = [[] for _ in range(world)]
     ids, tags = itertools.count(), itertools.count()
     cur: dict[tuple[int, int], int] = {}
+    if kind == "duplex":
+        cur = _duplex(instrs, pairs, effort.hops, effort.busy_n, ids, tags)
     for a, b in pairs:
-        cur[(a, b)] = next(ids)
-        instrs[a].append(Place(cur[(a, b)], "x", ((0, n),)))
-    for hop in range(effort.hops):
+        if kind != "duplex":
+            cur[(a, b)] = next(ids)
+            instrs[a].append(Place(cur[(a, b)], "x", ((0, n),)))
+    for hop in range(0 if kind == "duplex" else effort.hops):
         for a, b in pairs:
             src, dst = (a, b) if hop % 2 == 0 else (b, a)
             buf = cur[(a, b)]
@@ -159,11 +204,12 @@ def chain_program(world: int, pairs: list[tuple[int, int]], kind: str,
         instrs[0].append(Place(mine[0], "x", ((0, n),)))
     instrs[0].append(Output("y", mine[0]))
     progs = tuple(Program(r, world, tuple(instrs[r])) for r in range(world))
-    return Lowered(_hop_graph(n), progs)
+    return Lowered(_hop_graph(n, effort.busy_n), progs)
 
 
 def chain_inputs(low: Lowered) -> dict[str, torch.Tensor]:
-    return {"x": torch.zeros(low.graph.tensor("x").shape)}
+    return {"x": torch.zeros(low.graph.tensor("x").shape),
+            "w": torch.randn(low.graph.tensor("w").shape)}
 
 
 def time_chains(rank: int, world: int, rounds: list[list[tuple[int, int]]],
@@ -202,12 +248,14 @@ def summarize(per_rank: list[dict[tuple[int, str, int], float]], effort: ChainEf
     return tuple(out)
 
 
-TopologyFor = Callable[[float, float, float], Topology]  # (latency, message, bw) -> topology
+# (latency, message, bw, exchange wait) -> topology
+TopologyFor = Callable[[float, float, float, float], Topology]
 
 
 def simulated(lows: list[Lowered], topology_for: TopologyFor, x: np.ndarray) -> np.ndarray:
-    """Simulated seconds of each chain program at x = (latency, message, 1 / bw)."""
-    topo = topology_for(float(x[0]), float(x[1]), 1.0 / max(float(x[2]), 1.0 / MAX_BW))
+    """Simulated seconds of each chain program at x = (latency, message, 1 / bw, wait)."""
+    topo = topology_for(float(x[0]), float(x[1]), 1.0 / max(float(x[2]), 1.0 / MAX_BW),
+                        float(x[3]))
     return np.array([simulate_programs(low, topo).time_s for low in lows])
 
 
@@ -237,18 +285,20 @@ def _bounded_solve(a: np.ndarray, r: np.ndarray, lo: np.ndarray
 
 def fit_links(chains: tuple[ChainTime, ...], lows: list[Lowered], topology_for: TopologyFor,
               start: tuple[float, float, float]) -> LinkFit:
-    """Latency, message and bandwidth that make the simulated chains match (docstring);
-    `start` = (latency, message, bw) to begin from (the independent-batch figures)."""
+    """Latency, message, bandwidth and exchange wait that make the simulated chains match
+    (docstring); `start` = (latency, message, bw) to begin from (the independent-batch
+    figures; the wait starts at the latency: at zero a crossed message that arrives before its
+    reader gets to it has no slope in the wait)."""
     target = np.array([c.measured_s for c in chains])
-    lo = np.array([0.0, 0.0, 1.0 / MAX_BW])
-    x = np.maximum(np.array([start[0], start[1], 1.0 / start[2]]), lo)
+    lo = np.array([0.0, 0.0, 1.0 / MAX_BW, 0.0])
+    x = np.maximum(np.array([start[0], start[1], 1.0 / start[2], start[0]]), lo)
     names = tuple(MIN_STEP)
     held: tuple[int, ...] = ()
     for _ in range(FIT_STEPS):
         s0 = simulated(lows, topology_for, x)
         if np.max(np.abs(s0 - target) / target) <= FIT_RTOL:
             break
-        a = np.zeros((len(lows), 3))
+        a = np.zeros((len(lows), len(names)))
         for i, name in enumerate(names):
             step = max(MIN_STEP[name], REL_STEP * x[i])
             xi = x.copy()
@@ -258,4 +308,4 @@ def fit_links(chains: tuple[ChainTime, ...], lows: list[Lowered], topology_for: 
     sim = simulated(lows, topology_for, x)
     return LinkFit(float(x[0]), float(x[1]), 1.0 / float(x[2]), tuple(float(s) for s in sim),
                    float(np.max(np.abs(sim - target) / target)),
-                   tuple(names[i] for i in held))
+                   tuple(names[i] for i in held), float(x[3]))
