@@ -114,3 +114,22 @@ def test_compile_llama_tiny_on_gloo():
     assert rel_err(fn(x), ref) <= 1e-5
     fn_local = es_compile(module, (x,), topology="cpu4", backend="local", graph=g)
     assert rel_err(fn_local(x), ref) <= 1e-5
+
+
+def test_the_timeline_has_one_ordered_entry_per_instruction():
+    # A one-rank program sends nothing, so `execute` runs it without a process group.
+    from einsummable.backend.runtime.dist import execute, rank_blocks
+    g, ins, _ = llama(2, 8)
+    ch = {op.name: place(op, {}, [0]) for op in g.ops}
+    ch.update({INPUT_PREFIX + t.name: place(input_op(t), {}, [0]) for t in g.inputs})
+    low = lower(g, ch, synthetic(1))
+    timeline: list = []
+    with torch.no_grad():
+        outs = execute(low, 0, rank_blocks(low, 0, ins), timeline=timeline)
+    instrs = low.programs[0].instrs
+    assert [e[0] for e in timeline] == list(range(len(instrs)))
+    assert [e[1] for e in timeline] == [type(i).__name__ for i in instrs]
+    assert all(a <= b <= c for _, _, a, b, c in timeline)
+    assert all(x[4] <= y[2] for x, y in zip(timeline, timeline[1:]))
+    ref = evaluate(g, ins)[g.outputs[0]]
+    assert torch.allclose(outs[g.outputs[0]], ref, atol=1e-5)

@@ -187,7 +187,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         if timeline is not None:
             done = clock()
             timeline.append((count, type(ins).__name__, reached,
-                             done if isinstance(ins, Send | Recv | Unpack) else start, done))
+                             done if code in (_SEND, _RECV, _UNPACK) else start, done))
     flush()
     for b in list(unpacked) + list(wait_for):
         ready(b)

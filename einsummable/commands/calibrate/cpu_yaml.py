@@ -9,7 +9,7 @@ chain's measured and simulated time in the header, so a reader can compare.
 The `achieved:` section (`achieved`) is fitted as `device_yaml.fit_device` fits a device's,
 to the kernel calls every rank timed with all ranks running:
 
-    matmul      (FLOPs, rate / peak_flops.float32) of every GEMM, binned and pooled (`curve`)
+    matmul      (FLOPs, rate / peak_flops[dtype]) of every GEMM, binned and pooled (`curve`)
     attention   the same over the causal SDPA calls
     memory      median elementwise and norm rate / mem_bw, at most 1 (mem_bw is the rate of an
                 add far above the caches; small blocks in cache may run faster than it)
@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import statistics
 from typing import Any
 
 import torch
 
 from ...topology import Topology, read_topology
 from ...topology.achieved import Achieved
-from .device_yaml import MIN_FRACTION, curve, curve_yaml
+from .device_yaml import curve_yaml, fractions
 from .fmt import duration, fraction, si
 from .ranks import DTYPES, Measured
 from .rounds import ChainTime, LinkFit
@@ -42,19 +41,7 @@ def achieved(m: Measured) -> Achieved | None:
     """The achieved fractions of the module docstring (None when no kernels were timed)."""
     if not m.kernels:
         return None
-    peak = m.peak_flops["float32"]
-    mm = [(p.work, p.rate / peak) for p in m.kernels if p.kind == "gemm"]
-    att = [(p.work, p.rate / peak) for p in m.kernels if p.kind == "sdpa-causal"]
-    mem = statistics.median(p.rate for p in m.kernels if p.kind in ("elementwise", "norm"))
-    return Achieved(curve(mm), curve(att),
-                    float(fraction(min(1.0, max(MIN_FRACTION, mem / m.mem_bw)))))
-
-
-def _achieved_doc(a: Achieved | None) -> dict[str, Any]:
-    if a is None:
-        return {}
-    return {"achieved": {"matmul": a.matmul.to_yaml(), "attention": a.attention.to_yaml(),
-                         "memory": a.memory}}
+    return fractions(m.kernels, m.peak_flops, m.mem_bw, tuple({p.dtype for p in m.kernels}))
 
 
 def document(m: Measured, latency_s: float, message_s: float, bw: float, wait_s: float,
@@ -65,7 +52,7 @@ def document(m: Measured, latency_s: float, message_s: float, bw: float, wait_s:
         "device_types": {"cpu": {"peak_flops": dict(m.peak_flops), "mem_bw": m.mem_bw,
                                  "mem_bytes": m.mem_bytes, "launch": m.launch_s,
                                  "message": message_s, "exchange_wait": wait_s,
-                                 **_achieved_doc(achieved(m))}},
+                                 **_achieved_doc(m)}},
         "nodes": {"count": 1, "devices_per_node": m.world_size, "device_type": "cpu",
                   "name": "rank{id}"},
         "links": [{"kind": "loopback", "pairs": "all", "bw": bw, "latency": latency_s}],
@@ -77,6 +64,11 @@ def topology(m: Measured, latency_s: float, message_s: float, bw: float,
              wait_s: float = 0.0) -> Topology:
     return read_topology(document(m, latency_s, message_s, bw, wait_s, f"cpu{m.world_size}"),
                          "calibrate")
+
+
+def _achieved_doc(m: Measured) -> dict[str, Any]:
+    a = achieved(m)
+    return {} if a is None else {"achieved": a.to_dict()}
 
 
 def _achieved_yaml(a: Achieved | None) -> str:

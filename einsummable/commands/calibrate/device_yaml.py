@@ -89,6 +89,19 @@ def curve(points: list[tuple[float, float]]) -> Curve:
     return Curve(tuple(pts))
 
 
+def fractions(points, peaks: dict[str, float], mem_bw: float, curve_dtypes: tuple[str, ...],
+              slowdown: float = 0.0) -> Achieved:
+    """matmul, attention, memory and transfer_slowdown of the module docstring, from timed
+    calls (`device.Point`s) and the peaks and memory bandwidth they are fractions of."""
+    mm = [(p.work, p.rate / peaks[p.dtype]) for p in points
+          if p.kind == "gemm" and p.dtype in curve_dtypes]
+    att = [(p.work, p.rate / peaks[p.dtype]) for p in points
+           if p.kind == "sdpa-causal" and p.dtype in curve_dtypes]
+    mem = statistics.median(p.rate for p in points if p.kind in ("elementwise", "norm")) / mem_bw
+    return Achieved(curve(mm), curve(att), float(fraction(min(1.0, max(MIN_FRACTION, mem)))),
+                    float(fraction(min(MAX_SLOWDOWN, max(0.0, slowdown)))))
+
+
 def fit_device(fig: DeviceFigures, sheet: Datasheet, curve_dtypes: tuple[str, ...]
                ) -> DeviceType:
     """The device type of the module docstring."""
@@ -99,18 +112,13 @@ def fit_device(fig: DeviceFigures, sheet: Datasheet, curve_dtypes: tuple[str, ..
             peaks[d], source[d] = sheet.peak_flops[d], "datasheet (given)"
         else:
             peaks[d], source[d] = best, "best measured GEMM"
-    mm = [(p.work, p.rate / peaks[p.dtype]) for p in fig.of("gemm") if p.dtype in curve_dtypes]
-    att = [(p.work, p.rate / peaks[p.dtype]) for p in fig.of("sdpa-causal")
-           if p.dtype in curve_dtypes]
     copy = fig.of("copy")[0]
     if sheet.mem_bw is not None:
         mem_bw, mem_source = sheet.mem_bw, "datasheet (given)"
     else:
         mem_bw, mem_source = copy.rate, "measured device-to-device copy (read + written)"
-    mem = statistics.median(p.rate for p in fig.of("elementwise", "norm")) / mem_bw
-    slowdown = 1.0 - fig.gemm_alone_s / fig.gemm_loaded_s
-    achieved = Achieved(curve(mm), curve(att), float(fraction(min(1.0, max(MIN_FRACTION, mem)))),
-                        float(fraction(min(MAX_SLOWDOWN, max(0.0, slowdown)))))
+    achieved = fractions(fig.points, peaks, mem_bw, curve_dtypes,
+                         1.0 - fig.gemm_alone_s / fig.gemm_loaded_s)
     return DeviceType(peaks, source, mem_bw, mem_source, fig.mem_bytes, fig.launch_runtime_s,
                       achieved)
 
