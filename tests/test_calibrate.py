@@ -77,8 +77,10 @@ def test_device_datasheet_figures_are_used_and_named(tmp_path, capsys):
     dev = load_topology(out).devices[0]
     assert dev.mem_bw == pytest.approx(1e15, rel=1e-3)
     # nothing on this machine reaches a petaflop: every measured fraction of it is tiny
+    # (written with four decimals, so up to half a unit of the fourth above the measured one)
     best = max(p["rate"] for p in got["points"] if p["kind"] == "gemm")
-    assert max(v for _, v in dev.achieved.matmul.points) <= max(best / 1e15, 1e-4) * 1.001
+    written = 0.5e-4
+    assert max(v for _, v in dev.achieved.matmul.points) <= max(best / 1e15, 1e-4) + written
     assert "datasheet (given)" in out.read_text()
 
 

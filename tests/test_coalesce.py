@@ -121,3 +121,33 @@ def test_packed_llama_tiny_on_gloo_equals_reference():
         assert packed_any
     finally:
         pools.close()
+
+
+def test_a_local_copy_between_exchanges_keeps_them_one_batch():
+    # The own half of a gathered weight is copied beside the half a receive lands in: a copy
+    # that waits on no message does not split the exchange, so its blocks can go as one.
+    from einsummable.core.program import Alloc, Assemble, Place, batch_keepers, p2p_batches
+    own = Assemble(out=3, shape=(4,), dtype="float32", parts=((0, ((0, 2),), ((0, 2),)),),
+                   alloc=False)
+    of_received = Assemble(out=5, shape=(2,), dtype="float32", parts=((1, ((0, 2),), ((0, 2),)),),
+                           alloc=True)
+    instrs = [Place(0, "w", ((0, 2),)), Alloc(3, (4,), "float32"),
+              Recv(1, 1, 0, (2,), "float32", into=3, at=((2, 4),)), own,
+              Send(0, 1, 1), Send(0, 1, 2), of_received, Send(0, 1, 3)]
+    assert batch_keepers(instrs) == [True, True, False, True, False, False, False, False]
+    # One batch up to the copy of a received block, which ends it; the last send opens another.
+    assert p2p_batches(instrs) == {2, 7}
+
+
+def test_fsdp_llama_tiny_gathers_its_weights_in_one_message_each_way():
+    from einsummable.optimizer.api import named_plan
+    from einsummable.topology import load_topology
+    g, ins, _ = llama_tiny(batch=4, seq=16)
+    topo = load_topology("cpu2")
+    plan = named_plan(g, topo, "fsdp")
+    low = lower(g, plan.choice, topo)
+    outputs_to_rank0 = 1  # rank 1 delivers its half of the block's output to rank 0
+    assert [sum(isinstance(i, Send) for i in p.instrs) for p in low.programs] \
+        == [1, 1 + outputs_to_rank0]
+    want = evaluate(g, ins)[g.outputs[0]]
+    assert rel_err(run_local(low, ins)[g.outputs[0]], want) <= 1e-5

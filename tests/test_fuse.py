@@ -2,6 +2,7 @@
 on chains whose intermediates are their own, and its fused ops split like their specs say."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -138,3 +139,33 @@ def test_batch_of_one_takes_the_sdpa_path():
     with torch.no_grad():
         got = evaluate(g, bind(g, module, (x,)))[g.outputs[0]]
         torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_sdpa_reads_the_captured_blocks_in_place(batch, monkeypatch):
+    # Queries, keys and values reach torch's attention as views of the blocks the kernel is
+    # given (batch and heads kept apart), not as copies: merging a permuted batch and head
+    # mode would copy every operand on every call. The output still equals the module's.
+    import einsummable.frontend.kernels as kernels
+    module, (x,) = preset("llama-tiny", batch=batch, seq=16)
+    g = trace(module, (x,))
+    seen: list[tuple[int, set[int]]] = []
+    real = F.scaled_dot_product_attention
+    given: set[int] = set()
+    real_run = kernels._attention
+
+    def spy_run(op, xs, ranges):
+        given.update(t.untyped_storage().data_ptr() for t in xs)
+        return real_run(op, xs, ranges)
+
+    def spy(q, k, v, **kw):
+        seen.append(tuple(t.untyped_storage().data_ptr() for t in (q, k, v)))
+        return real(q, k, v, **kw)
+    monkeypatch.setattr(kernels, "_attention", spy_run)
+    monkeypatch.setitem(kernels.KERNELS, "attention", dataclasses.replace(
+        kernels.KERNELS["attention"], run=spy_run))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        got = evaluate(g, bind(g, module, (x,)))[g.outputs[0]]
+        torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
+    assert seen and all(set(ptrs) <= given for ptrs in seen)

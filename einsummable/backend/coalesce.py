@@ -39,6 +39,7 @@ from ..core.program import (
     Send,
     Slice,
     Unpack,
+    batch_keepers,
     p2p_batches,
     reads,
     writes,
@@ -57,10 +58,10 @@ def _batch_ids(instrs) -> list[int | None]:
     opens = p2p_batches(instrs)
     ids: list[int | None] = []
     batch: int | None = None
-    for i, ins in enumerate(instrs):
+    for i, (ins, keep) in enumerate(zip(instrs, batch_keepers(instrs))):
         if i in opens:
             batch = i
-        elif not isinstance(ins, Send | Recv | Unpack | Slice | Free | Place | Alloc):
+        elif not (keep or isinstance(ins, Send | Recv)):
             batch = None
         ids.append(batch)
     return ids

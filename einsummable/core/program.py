@@ -154,15 +154,36 @@ def reads(ins: Instr) -> tuple[int, ...]:
     return ()
 
 
+def batch_keepers(instrs) -> list[bool]:
+    """Per instruction, whether it is host bookkeeping that leaves an open point-to-point
+    batch open: Slice views, Free, Place, Alloc, Unpack (views), and an Assemble none of whose
+    parts was received (a local copy that waits on no message: the own half of a gathered
+    weight, written beside the half a receive lands in). Send and Recv are the batch itself;
+    anything else ends it."""
+    received: set[int] = set()  # buffers a receive filled (or landed in), and their views
+    keep: list[bool] = []
+    for ins in instrs:
+        if isinstance(ins, Recv):
+            received.update((ins.out, ins.into))
+        elif isinstance(ins, Unpack):
+            received.update(b for out, _, into, _ in ins.parts for b in (out, into))
+        elif isinstance(ins, Slice) and ins.src in received:
+            received.add(ins.out)
+        keep.append(isinstance(ins, Slice | Free | Place | Alloc | Unpack)
+                    or (isinstance(ins, Assemble) and not any(p[0] in received
+                                                              for p in ins.parts)))
+    return keep
+
+
 def p2p_batches(instrs) -> set[int]:
     """Indices of the instructions that open a point-to-point batch: each run of Send/Recv
     goes out as one batch_isend_irecv (one NCCL group: one kernel launch). Host bookkeeping
-    between them (Slice views, Free, Place) does not end the run; a kernel does, and so does
+    between them (`batch_keepers`) does not end the run; a kernel does, and so does
     forwarding a buffer the run itself receives (a relay must wait for it)."""
     opens: set[int] = set()
     open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
-    for i, ins in enumerate(instrs):
-        if isinstance(ins, Slice | Free | Place | Alloc | Unpack):
+    for i, (ins, keep) in enumerate(zip(instrs, batch_keepers(instrs))):
+        if keep:
             continue
         if not isinstance(ins, Send | Recv):
             open_recvs = None

@@ -223,11 +223,16 @@ def _attention_sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges,
     # Operands viewed with one axis per mode the plan uses (size-1 batch modes dropped).
     fine = [x.reshape([ext[m] for m in nm]) for x, nm in zip(xs, plan.names)]
     sh, gr = plan.shared, plan.group
-    q = _to(fine[0], plan.names[0], sh + gr + qm + em, ext).reshape(1, n(sh + gr), n(qm), n(em))
+    # sdpa's (N, H, L, E): the last shared mode (with the query groups) is H, the other
+    # shared modes are N. Operands are permuted views; splitting there, not at N = 1, keeps
+    # them views (merging a permuted batch and head mode would copy every operand).
+    lead, head = sh[:-1], sh[-1:]
+    q = _to(fine[0], plan.names[0], sh + gr + qm + em, ext).reshape(
+        n(lead), n(head + gr), n(qm), n(em))
     k = _to(fine[1], plan.names[1], sh + km + em, ext)
     v = _to(fine[2], plan.names[2], sh + km + fm, ext)
-    k = k.expand([ext[m] for m in sh + km + em]).reshape(1, n(sh), n(km), n(em))
-    v = v.expand([ext[m] for m in sh + km + fm]).reshape(1, n(sh), n(km), n(fm))
+    k = k.expand([ext[m] for m in sh + km + em]).reshape(n(lead), n(head), n(km), n(em))
+    v = v.expand([ext[m] for m in sh + km + fm]).reshape(n(lead), n(head), n(km), n(fm))
     mask = None
     causal = False
     if p.get("causal", False):
@@ -240,7 +245,8 @@ def _attention_sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges,
             mask = pk[None, :] <= pq[:, None]
     if len(xs) > 3:
         add = _to(fine[3], plan.names[3], sh + gr + qm + km, ext)
-        add = add.expand([ext[m] for m in sh + gr + qm + km]).reshape(1, n(sh + gr), n(qm), n(km))
+        add = add.expand([ext[m] for m in sh + gr + qm + km]).reshape(
+            n(lead), n(head + gr), n(qm), n(km))
         add = add.to(q.dtype)
         mask = add if mask is None else add.masked_fill(~mask, float("-inf"))
     out = torch.nn.functional.scaled_dot_product_attention(

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from ...core.program import Alloc, Free, Place, Recv, Send, Unpack, reads
+from ...core.program import Place, Recv, Send, Slice, Unpack, batch_keepers, reads
 from ...errors import PlanError, RuntimeFault
 from ...frontend.reference import check_inputs
 from ..lowering import Lowered
@@ -205,14 +205,16 @@ _DISPATCH = "dispatch"  # consts key of a program's dispatch table
 def _dispatch(consts: dict, prog) -> list[tuple[int, tuple[int, ...]]]:
     """(what execute does, buffers read) per instruction, worked out once per plan and kept
     in the plan's `consts`: the executor pays one integer compare per instruction, not a
-    chain of type tests."""
+    chain of type tests. Host bookkeeping (`batch_keepers`) keeps a batch open, except a
+    Slice: it runs as a kernel here, so a view of a buffer still being received is taken
+    after its receive (its readers wait on the buffer's name, not the view's)."""
     hit = consts.get(_DISPATCH)
     if hit is not None and hit[0] is prog:
         return hit[1]
     table = [(_SEND if isinstance(ins, Send) else _RECV if isinstance(ins, Recv)
               else _UNPACK if isinstance(ins, Unpack)
-              else _HOST if isinstance(ins, Alloc | Free | Place) else _KERNEL, reads(ins))
-             for ins in prog.instrs]
+              else _HOST if keep and not isinstance(ins, Slice) else _KERNEL, reads(ins))
+             for ins, keep in zip(prog.instrs, batch_keepers(prog.instrs))]
     consts[_DISPATCH] = (prog, table)
     return table
 
