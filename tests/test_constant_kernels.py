@@ -52,6 +52,10 @@ def test_rotate_half_form_equals_the_generic_contraction(b, s, h, half, picks, c
     got = op_runner(op, known={1: k})([x, k])
     assert torch.equal(got, evaluate_op(op, [x, k]))
     assert selection_kernel(op, dict(op.size), 1, k) is not None
+    # a selector that moves or scales a column copies: x is left as it was
+    before = x.clone()
+    op_runner(op, known={1: k})([x, k])
+    assert torch.equal(x, before)
 
 
 @settings(max_examples=40, deadline=None, database=None)
@@ -66,6 +70,8 @@ def test_one_hot_slice_form_equals_the_generic_contraction(chunks, rows, width, 
     got = op_runner(op, known={1: sel})([table, sel])
     assert torch.equal(got, evaluate_op(op, [table, sel]))
     assert torch.equal(got, table[(pick % chunks) * rows:(pick % chunks + 1) * rows])
+    # consecutive rows, unscaled: a view of the table, nothing copied
+    assert got.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
 
 
 def test_declines_what_is_not_a_selection():

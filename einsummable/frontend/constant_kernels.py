@@ -12,7 +12,8 @@ nonzero, K[j_f, f] = c_f, then
     out[..., f, ...] = sum_k x[..., k, ...] K[k, f] = c_f * x[..., j_f, ...]
 
 so out is x gathered at j along k's axis (that axis becoming f's), each column f not scaled
-by 1 then scaled in place (negated for -1), and permuted into the output's mode order. Anything else (two
+by 1 then scaled in place (negated for -1), and permuted into the output's mode order. When
+j_f = j_0 + f and every c_f = 1 the gather is a slice, taken as a view. Anything else (two
 nonzeros in a column, a batch mode shared by x and K, more contracted modes) is left to the
 generic kernels: `selection_kernel` returns None.
 """
@@ -67,6 +68,21 @@ def selection_kernel(op: Op, ext: dict[str, int], known: int,
     perm = [have.index(m) for m in out if m in have]
     fine = [ext[m] for m in dx]
     out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
+
+    # Consecutive rows, unscaled (a slice of the rotary tables): a view, nothing copied.
+    # Programs never write a kernel's output in place, so a view of an input is safe.
+    start = int(index[0]) if len(index) else 0
+    if not scaled and torch.equal(index, torch.arange(start, start + len(index))):
+        length = len(index)
+
+        def run_slice(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+            y = blocks[xi].reshape(fine).narrow(axis, start, length)
+            if f is None:
+                y = y.squeeze(axis)
+            if perm != list(range(len(perm))):
+                y = y.permute(perm)
+            return y.reshape(out_shape)
+        return run_slice
 
     def run(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
         x = blocks[xi].reshape(fine)

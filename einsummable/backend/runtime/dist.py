@@ -36,7 +36,7 @@ from ...core.program import Place, Recv, Send, Slice, Unpack, batch_keepers, rea
 from ...errors import PlanError, RuntimeFault
 from ...frontend.reference import check_inputs
 from ..lowering import Lowered
-from .local import RankState
+from .local import RankState, step_handler
 from .outbox import Outbox
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
@@ -99,7 +99,12 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
     import torch.distributed as dist
     prog = low.programs[rank]
     st = RankState(low, prog, {}, device, consts)
-    st.place = lambda tensor, region: blocks[(tensor, tuple(region))].to(device)  # type: ignore
+    on = torch.device(device)
+
+    def place(tensor: str, region) -> torch.Tensor:
+        block = blocks[(tensor, region if isinstance(region, tuple) else tuple(region))]
+        return block.to(on)
+    st.place = place  # type: ignore[method-assign]
     wait_for: dict[int, list] = {}     # buf -> works that fill it
     # buf -> parts of packed receives it waits for: (packed buf, part view, copy target or None)
     unpacked: dict[int, list] = {}
@@ -144,7 +149,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         batch.clear()
 
     clock = time.perf_counter
-    for count, (ins, (code, rd)) in enumerate(zip(prog.instrs, _dispatch(st.consts, prog))):
+    for count, (ins, (code, rd, run)) in enumerate(zip(prog.instrs, _dispatch(st.consts, prog))):
         if fault_after is not None and count == fault_after:
             os._exit(17)  # test hook: die mid-run without cleanup, like a crashed rank
         if timeline is not None:
@@ -183,7 +188,7 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
                     ready(b)
             if timeline is not None:
                 start = clock()
-            st.step(ins)
+            run(st, ins)
         if timeline is not None:
             done = clock()
             timeline.append((count, type(ins).__name__, reached,
@@ -202,19 +207,35 @@ _SEND, _RECV, _UNPACK, _HOST, _KERNEL = range(5)
 _DISPATCH = "dispatch"  # consts key of a program's dispatch table
 
 
-def _dispatch(consts: dict, prog) -> list[tuple[int, tuple[int, ...]]]:
-    """(what execute does, buffers read) per instruction, worked out once per plan and kept
-    in the plan's `consts`: the executor pays one integer compare per instruction, not a
-    chain of type tests. Host bookkeeping (`batch_keepers`) keeps a batch open, except a
-    Slice: it runs as a kernel here, so a view of a buffer still being received is taken
-    after its receive (its readers wait on the buffer's name, not the view's)."""
+def _dispatch(consts: dict, prog) -> list[tuple[int, tuple[int, ...], Callable | None]]:
+    """(what execute does, the buffers it reads that a message may still be filling, the
+    RankState handler of a host or kernel instruction) per instruction, worked out once per plan and kept in the plan's `consts`: the executor pays
+    one integer compare per instruction, not a chain of type tests, and looks up only reads
+    that a receive (or a send's line) could have left pending. Host bookkeeping
+    (`batch_keepers`) keeps a batch open, except a Slice: it runs as a kernel here, so a view
+    of a buffer still being received is taken after its receive (its readers wait on the
+    buffer's name, not the view's)."""
     hit = consts.get(_DISPATCH)
     if hit is not None and hit[0] is prog:
         return hit[1]
-    table = [(_SEND if isinstance(ins, Send) else _RECV if isinstance(ins, Recv)
-              else _UNPACK if isinstance(ins, Unpack)
-              else _HOST if keep and not isinstance(ins, Slice) else _KERNEL, reads(ins))
-             for ins, keep in zip(prog.instrs, batch_keepers(prog.instrs))]
+    # Buffers execute may wait on: what receives fill (and views of it), and what sends read
+    # (a send parked on a busy line leaves its source waiting on that line).
+    pending: set[int] = set()
+    table = []
+    for ins, keep in zip(prog.instrs, batch_keepers(prog.instrs)):
+        code = (_SEND if isinstance(ins, Send) else _RECV if isinstance(ins, Recv)
+                else _UNPACK if isinstance(ins, Unpack)
+                else _HOST if keep and not isinstance(ins, Slice) else _KERNEL)
+        table.append((code, tuple(b for b in reads(ins) if b in pending),
+                      step_handler(ins) if code in (_HOST, _KERNEL) else None))
+        if isinstance(ins, Recv):
+            pending.update((ins.out, ins.into))
+        elif isinstance(ins, Unpack):
+            pending.update(b for out, _, into, _ in ins.parts for b in (out, into))
+        elif isinstance(ins, Send):
+            pending.add(ins.src)
+        elif isinstance(ins, Slice) and ins.src in pending:
+            pending.add(ins.out)
     consts[_DISPATCH] = (prog, table)
     return table
 

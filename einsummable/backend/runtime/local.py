@@ -7,7 +7,7 @@ asynchronous kernels, so a caller timing a run synchronises the device around it
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -76,10 +76,7 @@ class RankState:
     def step(self, ins) -> None:
         """Run one non-communicating instruction (one dict lookup picks its handler: the
         executors pay this per instruction, and most instructions are bookkeeping)."""
-        handler = _STEP.get(type(ins))
-        if handler is None:
-            raise TypeError(ins)
-        handler(self, ins)
+        step_handler(ins)(self, ins)
 
     def _place(self, ins: Place) -> None:
         self.bufs[ins.out] = self.place(ins.tensor, ins.region)
@@ -165,6 +162,15 @@ _STEP = {Place: RankState._place, Const: RankState._const, Compute: RankState._c
          Slice: RankState._slice, Alloc: RankState._alloc, Assemble: RankState._assemble,
          Pack: RankState._pack, Unpack: RankState._unpack, Reduce: RankState._reduce,
          Free: RankState._free, Output: RankState._output}
+
+
+def step_handler(ins) -> Callable[[RankState, object], None]:
+    """The RankState method that runs a non-communicating instruction (executors that run a
+    plan again look it up once)."""
+    handler = _STEP.get(type(ins))
+    if handler is None:
+        raise TypeError(ins)
+    return handler
 
 
 def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
