@@ -114,6 +114,10 @@ def _measure_once(request: MeasureRequest) -> tuple[dict[str, Timing], bool]:
                     raise TimeoutError(f"measured run of {request.workload.name} on "
                                        f"{request.world} ranks exceeded {request.timeout_s:.0f} s")
         except (ProcessException, TimeoutError) as e:
+            if isinstance(e, ProcessException) and _complete(out_path):
+                # Rank 0 writes the file only after every rank's timings were gathered: the
+                # rank died tearing down (gloo's abort at exit), not while measuring.
+                return _read(out_path), False
             # a rank died (retried once, see ATTEMPTS) or the run stalled (not retried): every
             # system of this run gets the reason, and the caller goes on with its other runs
             died = isinstance(e, ProcessException)
@@ -125,9 +129,21 @@ def _measure_once(request: MeasureRequest) -> tuple[dict[str, Timing], bool]:
                 if p.is_alive():
                     p.terminate()
                     p.join(5)
-        with open(out_path) as f:
-            raw = json.load(f)
-    return {name: Timing.from_dict(t) for name, t in raw.items()}, False
+        return _read(out_path), False
+
+
+def _read(path: str) -> dict[str, Timing]:
+    with open(path) as f:
+        return {name: Timing.from_dict(t) for name, t in json.load(f).items()}
+
+
+def _complete(path: str) -> bool:
+    """Whether rank 0 finished writing its results (a whole JSON object)."""
+    try:
+        _read(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------- inside a rank
@@ -140,8 +156,9 @@ def _rank_main(rank: int, request: MeasureRequest, port: int, out_path: str) -> 
     try:
         results = _measure_in_rank(rank, request)
         if rank == 0:
-            with open(out_path, "w") as f:
+            with open(out_path + ".part", "w") as f:  # whole or absent (see _complete)
                 json.dump({k: v.to_dict() for k, v in results.items()}, f)
+            os.replace(out_path + ".part", out_path)
     finally:
         dist.destroy_process_group()
 

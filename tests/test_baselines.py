@@ -1,6 +1,8 @@
 """Each hand-written baseline computes exactly module(x), on 2 gloo ranks."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from experiments.baselines import BASELINES
@@ -69,3 +71,17 @@ def test_baselines_run_einsummable_kernels_and_match_the_module(monkeypatch) -> 
             assert (common.block_forward(block, x) - block(x)).abs().max() <= CHECK_ATOL
     assert len(calls) == 2 and all(c["is_causal"] for c in calls)
     assert [c["enable_gqa"] for c in calls] == [False, True]
+
+
+def test_a_rank_dying_after_the_results_were_written_keeps_them(tmp_path) -> None:
+    # gloo now and then aborts a rank as it tears down; rank 0 writes the results only after
+    # every rank's timings were gathered, so a whole file means the measurement finished.
+    from experiments.measure import Timing, _complete, _read
+    path = str(tmp_path / "result.json")
+    assert not _complete(path)
+    with open(path, "w") as f:
+        f.write('{"pytorch": {"system": "pytorch", "median_s": 0.001')  # cut short
+    assert not _complete(path)
+    with open(path, "w") as f:
+        json.dump({"pytorch": Timing("pytorch", median_s=0.001).to_dict()}, f)
+    assert _complete(path) and _read(path)["pytorch"].median_s == 0.001
