@@ -69,20 +69,20 @@ def selection_kernel(op: Op, ext: dict[str, int], known: int,
     fine = [ext[m] for m in dx]
     out_shape = [math.prod(ext[m] for m in g) for g in op.out_dims]
 
+    def laid_out(y: torch.Tensor) -> torch.Tensor:
+        """The selected rows, k's axis now f's, in the output's mode order and shape."""
+        if f is None:
+            y = y.squeeze(axis)
+        if perm != list(range(len(perm))):
+            y = y.permute(perm)
+        return y.reshape(out_shape)
+
     # Consecutive rows, unscaled (a slice of the rotary tables): a view, nothing copied.
     # Programs never write a kernel's output in place, so a view of an input is safe.
     start = int(index[0]) if len(index) else 0
     if not scaled and torch.equal(index, torch.arange(start, start + len(index))):
         length = len(index)
-
-        def run_slice(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
-            y = blocks[xi].reshape(fine).narrow(axis, start, length)
-            if f is None:
-                y = y.squeeze(axis)
-            if perm != list(range(len(perm))):
-                y = y.permute(perm)
-            return y.reshape(out_shape)
-        return run_slice
+        return lambda blocks: laid_out(blocks[xi].reshape(fine).narrow(axis, start, length))
 
     def run(blocks: Sequence[torch.Tensor]) -> torch.Tensor:
         x = blocks[xi].reshape(fine)
@@ -90,9 +90,5 @@ def selection_kernel(op: Op, ext: dict[str, int], known: int,
         for j, c in scaled:
             part = y.narrow(axis, j, 1)
             part.neg_() if c == -1 else part.mul_(c)
-        if f is None:
-            y = y.squeeze(axis)
-        if perm != list(range(len(perm))):
-            y = y.permute(perm)
-        return y.reshape(out_shape)
+        return laid_out(y)
     return run
