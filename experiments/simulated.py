@@ -23,8 +23,11 @@ all-gathers):
 - data-parallel with sharded weights is PyTorch FSDP with forward prefetch, one FSDP unit per
   block (the transformer wrap policy): the next block's all-gather is issued when this block's
   compute starts and runs on its own stream, so in the steady state (a stack of identical
-  blocks) T = max(C, G) + A; a block alone (steady_state false) has nothing to hide its own
-  gather behind: T = G + C + A. The gathers and A share the links, hence A outside the max.
+  blocks) T = max(C + s G, G) + A, s the devices' `transfer_slowdown` (NCCL's kernels take
+  SMs from the compute they run beside; the contention rule of `planning/kernel_time.py`,
+  as einsummable's own weight streams pay it); a block alone (steady_state false) has
+  nothing to hide its own gather behind: T = G + C + A. The gathers and A share the links,
+  hence A outside the max.
 - ulysses and ring-attention keep ZeRO-3 weights, prefetched the same way.
 - vllm-tp: vLLM's Megatron layout (column-parallel QKV and gate/up, row-parallel O and down:
   the megatron-tp plan), one all-reduce after attention and one after the MLP, each by vLLM's
@@ -36,8 +39,9 @@ Two sequence-parallel attention schemes, for long contexts:
   (queries, keys, values) and its output each go through one all-to-all.
 - ring-attention: tokens split everywhere, attention too (each device keeps its queries); the
   key and value blocks travel round the ring in N-1 steps, each step's transfer overlapped with
-  the attention on the block in hand, so only what the attention cannot hide shows:
-  max(0, ring_pass(K) + ring_pass(V) - attention compute per device).
+  the attention on the block in hand, so only what the attention cannot hide shows, and the
+  attention pays the contention of the passes it hides: with R = ring_pass(K) +
+  ring_pass(V) and C_att the attention compute per device, max(0, R - C_att) + s min(R, C_att).
 
 The floor: the simulator's roofline for 1/N of every op (FLOPs at peak or bytes at memory
 bandwidth, whichever is slower) plus one launch per op that computes (views are free) — what a
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 from einsummable.frontend.ir import Graph
+from einsummable.planning.kernel_time import contention_share
 from einsummable.planning.placement import one_device_choice
 
 from . import einsummable_system as es_sys
@@ -189,23 +194,28 @@ def simulate_baseline(system: str, graph: Graph, topology, weights: str = "shard
     colls = collectives_for(system, graph, plan.chosen, weights)
     fab = fabric(topology, tp_group(topology) if system in TP_SYSTEMS else None)
     attention_s = attention_compute(graph, topology) if system in RING_SYSTEMS else 0.0
-    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s)
-    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s)
-    time_s = _overlap(compute_s, comm_s, gather_s, steady_state)
-    at_peak = _overlap(compute_s, peak_comm, peak_gather, steady_state)
+    share = contention_share(topology)
+    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s, share)
+    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s, share)
+    time_s = _overlap(compute_s, comm_s, gather_s, steady_state, share)
+    at_peak = _overlap(compute_s, peak_comm, peak_gather, steady_state, share)
     return BaselineTime(time_s, compute_s, comm_s, colls,
                         _note(system, compute_s, comm_s, gather_s, colls, fab, algos,
                               steady_state),
                         gather_s, at_peak)
 
 
-def _overlap(compute_s: float, comm_s: float, gather_s: float, steady_state: bool) -> float:
-    """Weight gathers prefetched behind the previous block's compute in the steady state."""
-    return (max(compute_s, gather_s) if steady_state else compute_s + gather_s) + comm_s
+def _overlap(compute_s: float, comm_s: float, gather_s: float, steady_state: bool,
+             share: float = 0.0) -> float:
+    """Weight gathers prefetched behind the previous block's compute in the steady state,
+    taking `share` of the compute's rate while they run (module docstring)."""
+    if not steady_state:
+        return compute_s + gather_s + comm_s
+    return max(compute_s + share * gather_s, gather_s) + comm_s
 
 
 def _comm(system: str, colls: tuple[Collective, ...], fab: Fabric, rates: Rates,
-          attention_s: float) -> tuple[float, float, dict[str, int]]:
+          attention_s: float, share: float = 0.0) -> tuple[float, float, dict[str, int]]:
     """(critical-path collective seconds, weight-gather seconds, algorithms used)."""
     critical = gathers = ring = 0.0
     algos: dict[str, int] = {}
@@ -222,7 +232,7 @@ def _comm(system: str, colls: tuple[Collective, ...], fab: Fabric, rates: Rates,
         else:
             critical += t
     if system in RING_SYSTEMS:
-        critical += max(0.0, ring - attention_s)
+        critical += max(0.0, ring - attention_s) + share * min(ring, attention_s)
     return critical, gathers, algos
 
 
@@ -240,7 +250,8 @@ def _note(system: str, compute_s: float, comm_s: float, gather_s: float,
     if gather_s:
         who = "FSDP forward prefetch" if system == "data-parallel" else "ZeRO-3 prefetch"
         how = (f"prefetched behind the previous block's compute ({who}), "
-               "max(compute, gathers)" if steady_state else "not hidden (one block)")
+               "max(compute + contention, gathers)" if steady_state
+               else "not hidden (one block)")
         text += f"; weight all-gathers {ms(gather_s)} ms {how}"
     if system == "vllm-tp":
         text += "; vLLM's design (Megatron TP, custom all-reduce), not run"

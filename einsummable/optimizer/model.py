@@ -44,6 +44,7 @@ from ..errors import PlanError
 from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs
+from ..planning.kernel_time import contention_share
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
 from ..planning.plan import Options, Plan
 from .memo import BuildMemo
@@ -89,6 +90,8 @@ class Model:
     capacities: tuple[float, ...] | None
     roles: Roles
     pricer: EdgePricer
+    # Compute a weight stream costs per second it runs behind compute (`kernel_time`).
+    contention: float = 0.0
 
     def unary(self, key: str, c: int) -> float:
         f = self.finish.get(key)
@@ -166,7 +169,8 @@ def build_model(graph: Graph, topology, options: Options = Options(),
                             for l in layouts[src])
     memory, caps = memory_rows(graph, topology, nodes, layouts, sh)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
-                  tie_groups(graph, nodes), memory, caps, r, pricer)
+                  tie_groups(graph, nodes), memory, caps, r, pricer,
+                  contention_share(topology))
     if log.isEnabledFor(logging.INFO):
         seen = {id(e.matrix): e.matrix.shape for e in edges}
         log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",

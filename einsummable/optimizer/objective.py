@@ -10,8 +10,10 @@ time is modelled as
         and the fold of unfed graph outputs; they sit on the critical path
     C   compute: the candidates' kernel seconds
     W   weight exchanges: the edges out of "input:<weight>" nodes, which stream behind the
-        compute (they cannot finish before their bytes have crossed, nor slow compute down);
-        the copies that stitch a gathered weight together are device work and count in C.
+        compute (they cannot finish before their bytes have crossed); the copies that
+        stitch a gathered weight together are device work and count in C, and so does the
+        compute the stream takes while it runs: s W, s the devices' `transfer_slowdown`
+        (`planning/kernel_time.py`, contention; C + s W is exact where W <= C).
         Where the transport charges per message, lowering sends every weight in one batch,
         whose route latencies and message costs are paid once, not once per weight: there
         each weight edge counts its batched seconds (`EdgeCost.batched_s`)
@@ -63,7 +65,7 @@ def split(model: Model, choice: Mapping[str, int]) -> Split:
         x = e.cost(choice[e.src], choice[e.dst])
         if is_weight_edge(model, e):
             w += x.in_batch_s - x.local_s
-            c += x.local_s
+            c += x.local_s + model.contention * (x.in_batch_s - x.local_s)
         else:
             a += x.seconds
     return Split(a, c, w)
@@ -84,9 +86,11 @@ def objective_s(model: Model, choice: Mapping[str, int]) -> float:
 
 def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple[float, float] | None]:
     """A cell's plain cost and (C, W) parts in `overlap_problem`, for edge cost x: a weight
-    edge streams its wire seconds behind compute (W) and stitches on the device (C)."""
+    edge streams its wire seconds behind compute (W), stitches on the device and takes its
+    share of the compute while it runs (C)."""
     if is_weight_edge(model, e):
-        return 0.0, (x.local_s, x.in_batch_s - x.local_s)
+        wire = x.in_batch_s - x.local_s
+        return 0.0, (x.local_s + model.contention * wire, wire)
     return x.seconds, None
 
 

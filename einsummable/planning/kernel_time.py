@@ -15,6 +15,22 @@ work is bound by memory and pays a_memory there. A copy (stitching blocks, packi
 folding partial sums) only moves bytes: copy_s = launch + bytes / (mem_bw · a_memory ·
 mem_efficiency). `flop_efficiency` and `mem_efficiency` are `cost.CostModel`'s global derating
 knobs (1: none).
+
+Contention. While transfers touching device d move R bytes/s (sent or received), its kernels
+lose s = `transfer_slowdown` of their FLOP rate (NCCL's kernels hold SMs) and h = min(h_max,
+m · R / achieved memory rate) of their memory rate (m = `transfer_memory`: the bytes are read
+at the sender and written at the receiver). A kernel of d = max(flop_s, memory_s) seconds
+unloaded runs at the fraction 1 - f of its rate under load, where
+
+    d_loaded = max(flop_s / (1 - s), memory_s / (1 - h)),      f = 1 - d / d_loaded
+
+and if the transfers go on for τ more seconds from its start, its work is d: it does
+(1 - f) τ of it under load, the rest at full rate, so
+
+    kernel_s = launch + min(d_loaded, d + f τ)                 (`loaded_s`)
+
+The objective states the same rule in aggregate: weights that stream for W seconds behind
+C seconds of compute (W ≤ C) cost C + s W (`contention_share`).
 """
 from __future__ import annotations
 
@@ -26,6 +42,9 @@ from ..frontend.ir import Op
 # Peak rates are given per float dtype; work on other dtypes (int64 indices, float64) is
 # priced at the float32 rate.
 FALLBACK_DTYPE = "float32"
+# Transfers can take at most this share of a device's memory rate from its kernels (a rate
+# above the memory's would otherwise stall the kernel outright).
+MAX_MEMORY_TAKEN = 0.95
 MATMUL, ATTENTION, OTHER = "matmul", "attention", "other"
 
 
@@ -78,3 +97,24 @@ def memory_s(device, nbytes: float, mem_efficiency: float = 1.0) -> float:
 def copy_s(device, nbytes_moved: float, kernels: int = 1, mem_efficiency: float = 1.0) -> float:
     """`kernels` copy kernels moving `nbytes_moved` bytes in all (read plus write counted)."""
     return kernels * device.launch_s + memory_s(device, nbytes_moved, mem_efficiency)
+
+
+def loaded_s(kt: KernelTime, device, rate: float, drain_s: float,
+             mem_efficiency: float = 1.0) -> float:
+    """Seconds of a kernel priced `kt` that starts while transfers touching `device` move
+    `rate` bytes/s for `drain_s` more seconds (module docstring, contention)."""
+    a = device.achieved
+    d = max(kt.flop_s, kt.memory_s)
+    if rate <= 0 or drain_s <= 0 or d <= 0 or not (a.transfer_slowdown or a.transfer_memory):
+        return kt.total_s
+    taken = min(MAX_MEMORY_TAKEN,
+                a.transfer_memory * rate / (device.mem_bw * a.memory * mem_efficiency))
+    d_loaded = max(kt.flop_s / (1.0 - a.transfer_slowdown), kt.memory_s / (1.0 - taken))
+    f = 1.0 - d / d_loaded
+    return kt.launch_s + min(d_loaded, d + f * drain_s)
+
+
+def contention_share(topology) -> float:
+    """The compute a weight stream costs per second it runs behind compute: the largest
+    `transfer_slowdown` of the topology's devices (module docstring)."""
+    return max((d.achieved.transfer_slowdown for d in topology.devices), default=0.0)

@@ -14,10 +14,15 @@ skinny ones far less; FlashAttention-2 forward 50-73 %). A device type may say, 
     transfer_slowdown
                 fraction of the compute rate a device loses while one of its transfers runs
                 (NCCL moves bytes with kernels on the SMs that compute would use)
+    transfer_memory
+                share of a running transfer's byte rate that its two end devices' memory
+                carries beside their kernels (1: every byte is read from the sender's HBM and
+                written to the receiver's; 0: the transport's copies are already in the
+                fitted link figures, as on the calibrated gloo ranks)
 
 Every stage that prices work reads these figures through `planning/kernel_time.py`, so the
-optimizer and the simulator see one model. The defaults (fractions 1, slowdown 0) are the
-datasheet; `einsummable calibrate` measures them.
+optimizer and the simulator see one model. The defaults (fractions 1, slowdown and transfer
+memory 0: no contention) are the datasheet; `einsummable calibrate` measures them.
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ class Achieved:
     attention: Curve = field(default_factory=Curve)
     memory: float = 1.0
     transfer_slowdown: float = 0.0
+    transfer_memory: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.memory <= 1:
@@ -78,6 +84,8 @@ class Achieved:
         if not 0 <= self.transfer_slowdown < 1:
             raise ValueError("transfer_slowdown must be in [0, 1), "
                              f"got {self.transfer_slowdown!r}")
+        if not 0 <= self.transfer_memory <= 1:
+            raise ValueError(f"transfer_memory must be in [0, 1], got {self.transfer_memory!r}")
 
     @property
     def is_datasheet(self) -> bool:
@@ -94,4 +102,6 @@ class Achieved:
             out["memory"] = self.memory
         if self.transfer_slowdown:
             out["transfer_slowdown"] = self.transfer_slowdown
+        if self.transfer_memory:
+            out["transfer_memory"] = self.transfer_memory
         return out

@@ -173,6 +173,16 @@ Fraction = Annotated[float, PlainValidator(_fraction)]
 Slowdown = Annotated[float, PlainValidator(lambda v: _fraction(v, low_open=False))]
 
 
+def _share(value: Any) -> float:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+        raise _problem(f"expected a share in [0, 1], got {value!r}",
+                       "write 1 (every byte read and written at the ends) or 0 (none)")
+    return float(value)
+
+
+Share = Annotated[float, PlainValidator(_share)]
+
+
 Pairs = Annotated[Any, PlainValidator(_pairs)]
 
 
@@ -203,9 +213,12 @@ class AchievedSpec(_Part):
     memory: Fraction = Field(1.0, description="fraction of mem_bw, e.g. 0.85")
     transfer_slowdown: Slowdown = Field(0.0, description="compute lost while a transfer runs, "
                                         "e.g. 0.1")
+    transfer_memory: Share = Field(0.0, description="share of a transfer's bytes its ends' "
+                                      "memory carries beside kernels, e.g. 1")
 
     def to_achieved(self) -> Achieved:
-        return Achieved(self.matmul, self.attention, self.memory, self.transfer_slowdown)
+        return Achieved(self.matmul, self.attention, self.memory, self.transfer_slowdown,
+                        self.transfer_memory)
 
 
 class DeviceSpec(_Part):

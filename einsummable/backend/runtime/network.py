@@ -31,6 +31,7 @@ class Flow:
     remaining: float
     urgent: bool = True  # False: a prefetch, served from what urgent flows leave
     rate: float = 0.0
+    ends: tuple[int, ...] = ()  # sender and receiver, whose memory and compute it loads
 
 
 class Network:
@@ -73,6 +74,19 @@ class Network:
                         cap[r] -= share
                         count[r] -= 1
             del users[res], count[res]
+
+    def load(self, device: int, at: float, queued: float = 0.0) -> tuple[float, float]:
+        """The bytes/s R that running flows move to or from `device`, and how long after `at`
+        they go on (the kernel contention rule's R and τ): until the last of them ends at
+        today's rates, then `queued` more bytes (prefetches waiting their turn) at R."""
+        rate, end = 0.0, at
+        for f in self.flows:
+            if f.rate > 0 and device in f.ends:
+                rate += f.rate
+                end = max(end, self.now + f.remaining / f.rate)
+        if rate <= 0:
+            return 0.0, 0.0
+        return rate, end - at + queued / rate
 
     def next_done(self) -> float:
         return min((self.now + f.remaining / f.rate for f in self.flows if f.rate > 0),
@@ -129,6 +143,10 @@ class PrefetchQueue:
             self.net.start(flow)
         else:
             self.pending.append((queue, flow))
+
+    def queued_bytes(self, device: int) -> float:
+        """Bytes of this queue's waiting sends to or from `device`."""
+        return sum(f.remaining for _, f in self.pending if device in f.ends)
 
     def done(self, tag: int) -> None:
         if tag not in self.inflight:

@@ -10,7 +10,11 @@ topology (for cpu4: measured by `einsummable calibrate`):
                 Slice (views), Recv posting, Free and Output launch nothing.
     compute   = `kernel_time`: launch + max(tuple_flops / achieved rate, tuple_bytes / achieved
                 memory rate), the optimizer's compute model (`planning/kernel_time.py`);
-                views (reshape, permute) relabel a block: free
+                views (reshape, permute) relabel a block: free. Every kernel (compute,
+                reduce, assemble, const, pack, unpack) that starts while flows to or from its
+                rank run is slowed by them (`kernel_time.loaded_s`, contention: the device's
+                transfer_slowdown and transfer_memory, over the flows' rates and remaining
+                time at its start)
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
     reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one)
     assemble  = launch + 2 · copied bytes / memory rate       (read the parts, write the block;
@@ -60,7 +64,7 @@ from ...core.program import (
 from ...errors import PlanError, RuntimeFault
 from ...frontend.ir import DTYPE_BYTES
 from ...planning.cost import CostModel
-from ...planning.kernel_time import copy_s, kernel_time, memory_s
+from ...planning.kernel_time import KernelTime, kernel_time, loaded_s, memory_s
 from ...planning.stack import stack
 from ...topology import load_topology
 from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
@@ -177,36 +181,55 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         return elem * _numel(shape)
 
     batch_opens = [p2p_batches(p.instrs) for p in low.programs]
+    contended = [bool(d.achieved.transfer_slowdown or d.achieved.transfer_memory)
+                 for d in topo.devices]
 
-    def cost(r: int, ins) -> float:
+    def kernel(r: int, ins) -> KernelTime | None:
+        """The kernel `ins` runs on rank r, unloaded (None: no kernel)."""
         dev = topo.devices[r]
-        launch = dev.launch_s
         mem_eff = cost_model.mem_efficiency
+
+        def copy(moved: float) -> KernelTime:
+            return KernelTime(0.0, memory_s(dev, moved, mem_eff), dev.launch_s)
+
         if isinstance(ins, Compute):
             op = ops[ins.op]
             if op.is_view:  # a reshape or permute relabels the block: no kernel (as priced)
-                return 0.0
+                return None
             share = math.prod(hi - lo for lo, hi in ins.ranges) / math.prod(op.size.values())
             traffic = sum(nbytes(r, b) for b in ins.inputs) + nbytes(r, ins.out)
             return kernel_time(op, op.flops * share, traffic, g.tensor(op.output).dtype, dev,
-                               cost_model.flop_efficiency, mem_eff).total_s
+                               cost_model.flop_efficiency, mem_eff)
         if isinstance(ins, Reduce):
-            return launch + memory_s(dev, (len(ins.inputs) + 1) * nbytes(r, ins.out), mem_eff)
+            return copy((len(ins.inputs) + 1) * nbytes(r, ins.out))
         if isinstance(ins, Assemble):  # only the parts it copies: receives landed in place
             copied = sum(_numel(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
-            return copy_s(dev, 2 * copied, 1, mem_eff)
+            return copy(2 * copied)
         if isinstance(ins, Const):
-            return copy_s(dev, nbytes(r, ins.out), 1, mem_eff)
+            return copy(nbytes(r, ins.out))
         if isinstance(ins, Pack):
-            return copy_s(dev, 2 * nbytes(r, ins.out), 1, mem_eff)
+            return copy(2 * nbytes(r, ins.out))
         if isinstance(ins, Unpack):  # views are free; parts landing in a buffer are copied
             copied = sum(_numel(shape) for _, shape, into, _ in ins.parts if into is not None)
-            return copy_s(dev, 2 * copied * DTYPE_BYTES[ins.dtype], 1, mem_eff) if copied else 0.0
-        dt = launch if pc[r] in batch_opens[r] else 0.0  # the batch's one p2p kernel
+            return copy(2 * copied * DTYPE_BYTES[ins.dtype]) if copied else None
+        if isinstance(ins, Send) and ins.src in strided[r]:
+            return copy(2 * nbytes(r, ins.src))  # pack kernel: read, write
+        return None
+
+    def cost(r: int, ins, start: float) -> float:
+        """Seconds `ins` keeps rank r busy from `start`: its kernel, slowed by the flows to
+        or from r then running (contention), and its transport work."""
+        dev = topo.devices[r]
+        kt = kernel(r, ins)
+        if kt is None:
+            dt = 0.0
+        else:
+            queued = sum(q.queued_bytes(r) for q in queues) if contended[r] else 0.0
+            dt = loaded_s(kt, dev, *net.load(r, start, queued), cost_model.mem_efficiency)
+        if pc[r] in batch_opens[r]:
+            dt += dev.launch_s  # the batch's one p2p kernel
         if isinstance(ins, Send | Recv):
             dt += dev.message_s  # the transport's per-message host work
-        if isinstance(ins, Send) and ins.src in strided[r]:
-            dt += copy_s(dev, 2 * nbytes(r, ins.src), 1, mem_eff)  # pack kernel: read, write
         return dt
 
     def record_shape(r: int, ins) -> None:
@@ -254,9 +277,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 ready[r][b] = max(ready[r].get(b, 0.0), usable)
             start = max(start, ready[r].get(b, 0.0))
         record_shape(r, ins)
-        dt = cost(r, ins)
-        if isinstance(ins, Compute):
-            compute[r] += dt
+        dt = cost(r, ins, start)
+        if isinstance(ins, Compute) and (kt := kernel(r, ins)) is not None:
+            compute[r] += kt.total_s  # the work itself; contention shows in the rank's end
         if trace:
             events.append((r, pc[r], type(ins).__name__, t[r], start, start + dt))
         t[r] = start + dt
@@ -278,7 +301,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             for tag in net.advance(t[r]):
                 wake(tag)
             flow = Flow(ins.tag, res, sum(l.latency_s for l in route), float(size),
-                        urgent=not ins.queue)
+                        urgent=not ins.queue, ends=(r, ins.peer))
             tags = recv_tag[r].get(ins.src, ())
             outbox[r].post(ins.peer, ins.queue, flow, {x for x in tags if x not in net.arrived},
                            max([t[r], ready[r].get(ins.src, 0.0)]
