@@ -177,9 +177,10 @@ def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
 def test_square_matmul_chain_on_the_cube_mesh_is_not_split_three_ways(tmp_path):
     # 3D matmul (i/2 j/2 k/2) moves the fewest bytes, but on the sparse cube-mesh NVLink of
     # dgx1-v100 its partial sums travel relayed, and a relay waits for the whole message (store
-    # and forward, as the programs do). Priced so, the optimum is a 2D split, and it is faster
-    # in the simulator too (4.23 ms against 5.07 ms for the 3D plan the cut-through pricing
-    # used to choose), with every exchange on the critical path (overlap=False).
+    # and forward, as the programs do). Priced so, the optimum is a 2D split (i/2 k/4 since
+    # partial sums are folded in row-major chunks that need no packing), and it is faster in
+    # the simulator too than the 3D plan the cut-through pricing used to choose, with every
+    # exchange on the critical path (overlap=False).
     from einsummable.backend.runtime.simulator import simulate
     b = Builder("float16")
     x = b.weight("A", (8192, 8192))
@@ -188,7 +189,7 @@ def test_square_matmul_chain_on_the_cube_mesh_is_not_split_three_ways(tmp_path):
     g = b.build([x])
     plan = optimize(g, "dgx1-v100", overlap=False, cache=tmp_path)
     assert plan.gap == pytest.approx(0.0, abs=1e-9)
-    assert dict(plan.candidate("mm0").parts).get("k", 1) == 1
+    assert sum(n > 1 for _, n in plan.candidate("mm0").parts) <= 2
     for name in ("megatron-tp", "fsdp"):
         assert plan.objective_s < named_plan(g, "dgx1-v100", name,
                                                overlap=False).objective_s
