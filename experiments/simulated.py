@@ -23,9 +23,11 @@ all-gathers):
 - data-parallel with sharded weights is PyTorch FSDP with forward prefetch, one FSDP unit per
   block (the transformer wrap policy): the next block's all-gather is issued when this block's
   compute starts and runs on its own stream, so in the steady state (a stack of identical
-  blocks) T = max(C + s G, G) + A, s the devices' `transfer_slowdown` (NCCL's kernels take
-  SMs from the compute they run beside; the contention rule of `planning/kernel_time.py`,
-  as einsummable's own weight streams pay it); a block alone (steady_state false) has
+  blocks) T = max(C + κ G, G) + A, κ the compute a stream costs per second it runs
+  (NCCL's kernels take SMs from the compute beside them and its bytes take memory rate;
+  the aggregate contention rule of `planning/kernel_time.py`, as einsummable's objective
+  charges its own weight streams, at the gather's rate: each device sends and receives
+  (N - 1) / N of the bytes in G seconds); a block alone (steady_state false) has
   nothing to hide its own gather behind: T = G + C + A. The gathers and A share the links,
   hence A outside the max.
 - ulysses and ring-attention keep ZeRO-3 weights, prefetched the same way.
@@ -41,7 +43,8 @@ Two sequence-parallel attention schemes, for long contexts:
   key and value blocks travel round the ring in N-1 steps, each step's transfer overlapped with
   the attention on the block in hand, so only what the attention cannot hide shows, and the
   attention pays the contention of the passes it hides: with R = ring_pass(K) +
-  ring_pass(V) and C_att the attention compute per device, max(0, R - C_att) + s min(R, C_att).
+  ring_pass(V) and C_att the attention compute per device, max(0, R - C_att) + κ min(R, C_att)
+  (κ at the devices' port rates).
 
 The floor: the simulator's roofline for 1/N of every op (FLOPs at peak or bytes at memory
 bandwidth, whichever is slower) plus one launch per op that computes (views are free) — what a
@@ -53,6 +56,7 @@ from dataclasses import dataclass
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 from einsummable.frontend.ir import Graph
+from einsummable.planning.cost import memory_bound_share
 from einsummable.planning.kernel_time import contention_share
 from einsummable.planning.placement import one_device_choice
 
@@ -194,15 +198,27 @@ def simulate_baseline(system: str, graph: Graph, topology, weights: str = "shard
     colls = collectives_for(system, graph, plan.chosen, weights)
     fab = fabric(topology, tp_group(topology) if system in TP_SYSTEMS else None)
     attention_s = attention_compute(graph, topology) if system in RING_SYSTEMS else 0.0
-    share = contention_share(topology)
-    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s, share)
-    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s, share)
-    time_s = _overlap(compute_s, comm_s, gather_s, steady_state, share)
-    at_peak = _overlap(compute_s, peak_comm, peak_gather, steady_state, share)
+    mu = memory_bound_share(graph, topology)
+    ring_share = contention_share(topology, mu)
+    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s, ring_share)
+    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s, ring_share)
+    time_s = _overlap(compute_s, comm_s, gather_s, steady_state,
+                      gather_share(topology, mu, colls, gather_s))
+    at_peak = _overlap(compute_s, peak_comm, peak_gather, steady_state,
+                       gather_share(topology, mu, colls, peak_gather))
     return BaselineTime(time_s, compute_s, comm_s, colls,
                         _note(system, compute_s, comm_s, gather_s, colls, fab, algos,
                               steady_state),
                         gather_s, at_peak)
+
+
+def gather_share(topology, memory_bound: float, colls: tuple[Collective, ...],
+                 gather_s: float) -> float:
+    """κ of the weight all-gathers (module docstring): every device sends and receives
+    (N - 1) / N of their bytes while they run."""
+    n = topology.world_size
+    moved = 2 * (n - 1) / n * sum(c.nbytes for c in colls if c.weight)
+    return contention_share(topology, memory_bound, moved / gather_s if gather_s else None)
 
 
 def _overlap(compute_s: float, comm_s: float, gather_s: float, steady_state: bool,

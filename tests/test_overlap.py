@@ -13,6 +13,7 @@ from einsummable.optimizer.objective import objective_s
 from einsummable.optimizer.api import named_plan, optimize, plan_cost
 from einsummable.optimizer.model import build_model, fixed_nodes
 from einsummable.optimizer.search import solve_model
+from einsummable.planning.cost import memory_bound_share
 from einsummable.planning.kernel_time import contention_share
 from einsummable.planning.plan import Options
 
@@ -70,12 +71,12 @@ def _weights_and_compute(g, plan, steady_state: bool) -> tuple[float, float]:
 def test_weights_hidden_under_compute_cost_only_their_contention(tmp_path):
     # Many tokens: the gathered weights (0.79 ms on the wire) stream while the devices compute
     # (7.5 ms), so the objective is the plain sum of the same plan less the weights' time,
-    # but for the share s of the compute they take while they run (a100x8: 0.159).
+    # but for the share κ of the compute they take while they run (`kernel_time`).
     g = mlp(65536)
     plan = optimize(g, "a100x8", steady_state=True, cache=tmp_path)
     weights_s, compute_s = _weights_and_compute(g, plan, True)
     assert 0 < weights_s < compute_s
-    share = contention_share(plan.topology)
+    share = contention_share(plan.topology, memory_bound_share(g, plan.topology))
     assert share > 0
     plain = plan_cost(g, "a100x8", plan.chosen, steady_state=True, overlap=False)
     assert plan.objective_s == pytest.approx(plain - (1 - share) * weights_s, rel=1e-9)

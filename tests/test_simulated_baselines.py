@@ -8,6 +8,7 @@ import pytest
 from einsummable.frontend.fuse import fuse
 from einsummable.models.llama_ir import llama_block_graph
 from einsummable.models.presets import preset_config
+from einsummable.planning.cost import memory_bound_share
 from einsummable.planning.kernel_time import contention_share
 from einsummable.topology import Device, Level, Link, Topology, load_topology, synthetic
 from experiments import collectives, simulated
@@ -211,11 +212,15 @@ def test_ulysses_and_ring_attention_are_priced_from_their_collectives(long_block
     assert uly.gather_s == pytest.approx(gathers, rel=1e-9)
     assert uly.comm_s == pytest.approx(4 * _ring_collective_s("all_to_all", ACTIVATION_BYTES),
                                        rel=1e-9)
-    # The gathers take s of the compute's rate while they run (contention, a100x8: 0.159).
-    share = contention_share(topo)
-    assert share == 0.159
-    assert uly.time_s == pytest.approx(max(uly.compute_s + share * uly.gather_s, uly.gather_s)
+    # The gathers take κ of the compute while they run (contention: a100x8's s = 0.159 for
+    # compute-bound kernels, the memory rate their bytes take for memory-bound ones).
+    mu = memory_bound_share(long_block, topo)
+    kappa = simulated.gather_share(topo, mu, uly.collectives, uly.gather_s)
+    rate = 2 * 7 / 8 * WEIGHT_BYTES / uly.gather_s
+    assert kappa == pytest.approx((1 - mu) * 0.159 + mu * rate / topo.devices[0].mem_bw)
+    assert uly.time_s == pytest.approx(max(uly.compute_s + kappa * uly.gather_s, uly.gather_s)
                                        + uly.comm_s)
+    share = contention_share(topo, mu)  # the ring passes, at the ports' rates
     # Ring attention: keys and values pass round the ring behind each device's attention,
     # which takes at least 4 s^2 d FLOP / 8 devices at 312 TFLOP/s = 440.5 us. At the links'
     # full rate the passes (2 x 7/8 x 64 MiB / 300 GB/s + 14 x 3 us = 433.5 us) hide behind
@@ -255,8 +260,10 @@ def test_fsdp_gathers_one_flat_parameter_prefetched_behind_compute(long_block):
     assert steady.gather_s == pytest.approx(gather, rel=1e-9) and steady.comm_s == 0.0
     # In a stack the next block's gather runs behind this block's compute, taking its share
     # of the compute's rate while it runs...
-    share = contention_share(topo)
-    assert steady.time_s == pytest.approx(max(steady.compute_s + share * gather, gather),
+    kappa = simulated.gather_share(topo, memory_bound_share(fused, topo), steady.collectives,
+                                   gather)
+    assert 0.159 * 0.5 < kappa < 0.5
+    assert steady.time_s == pytest.approx(max(steady.compute_s + kappa * gather, gather),
                                           rel=1e-12)
     assert "prefetch" in steady.note
     # ...a block alone has nothing to hide its own gather behind.

@@ -43,7 +43,7 @@ from typing import Mapping
 from ..errors import PlanError
 from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
-from ..planning.cost import ComputeCost, EdgeCost, finished_needs
+from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
 from ..planning.kernel_time import contention_share
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
 from ..planning.plan import Options, Plan
@@ -170,7 +170,7 @@ def build_model(graph: Graph, topology, options: Options = Options(),
     memory, caps = memory_rows(graph, topology, nodes, layouts, sh)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   tie_groups(graph, nodes), memory, caps, r, pricer,
-                  contention_share(topology))
+                  contention_share(topology, memory_bound_share(graph, topology, options.cost)))
     if log.isEnabledFor(logging.INFO):
         seen = {id(e.matrix): e.matrix.shape for e in edges}
         log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",

@@ -32,7 +32,7 @@ from ..errors import PlanError
 from ..frontend.ir import DTYPE_BYTES, Graph, Op, TensorInfo
 from .exchange import synthesize
 from .kernel_time import kernel_time
-from .placement import Candidate, Piece, input_needs
+from .placement import Candidate, Piece, input_needs, one_device_choice
 from .spec import tuples
 from .timing import exchange_time, stitch_time
 from .transfers import MODES
@@ -134,6 +134,19 @@ def compute_cost(op: Op, cand: Candidate, graph: Graph, topology,
             acc[4] += 1
     worst = max(per_dev.values(), key=lambda a: (a[3], -a[4]))
     return ComputeCost(worst[0], worst[1], worst[2], worst[3], int(worst[4]))
+
+
+def memory_bound_share(graph: Graph, topology, model: CostModel = CostModel()) -> float:
+    """μ of `kernel_time`'s contention: the share of the graph's compute seconds, every op
+    whole on device 0, spent in kernels bound by memory (memory_s ≥ flop_s)."""
+    choice = one_device_choice(graph)
+    bound = total = 0.0
+    for op in graph.ops:
+        c = compute_cost(op, choice[op.name], graph, topology, model)
+        total += c.total_s
+        if c.kernels and c.memory_s >= c.flop_s:
+            bound += c.total_s
+    return bound / total if total > 0 else 0.0
 
 
 def exchange_cost(key: tuple, topology, mode: str) -> EdgeCost:

@@ -29,8 +29,15 @@ and if the transfers go on for τ more seconds from its start, its work is d: it
 
     kernel_s = launch + min(d_loaded, d + f τ)                 (`loaded_s`)
 
-The objective states the same rule in aggregate: weights that stream for W seconds behind
-C seconds of compute (W ≤ C) cost C + s W (`contention_share`).
+The objective and the FSDP baseline state the same rule in aggregate (`contention_share`):
+weights that stream for W seconds behind C seconds of compute (W ≤ C) cost C + κ W, where
+per second of stream the compute-bound kernels lose s and the memory-bound ones h:
+
+    κ = (1 - μ) s + μ h,     h = min(h_max, m · R / achieved memory rate)
+
+μ the share of the compute's seconds in memory-bound kernels (memory_s ≥ flop_s; the graph
+on one device, `cost.memory_bound_share`) and R the stream's byte rate through the device,
+in and out: its ports' rates (a stream fills them) where no rate is given.
 """
 from __future__ import annotations
 
@@ -114,7 +121,36 @@ def loaded_s(kt: KernelTime, device, rate: float, drain_s: float,
     return kt.launch_s + min(d_loaded, d + f * drain_s)
 
 
-def contention_share(topology) -> float:
-    """The compute a weight stream costs per second it runs behind compute: the largest
-    `transfer_slowdown` of the topology's devices (module docstring)."""
-    return max((d.achieved.transfer_slowdown for d in topology.devices), default=0.0)
+def contention_share(topology, memory_bound: float = 0.0, rate: float | None = None) -> float:
+    """κ of the module docstring: the compute seconds a weight stream costs per second it
+    runs behind compute, on the topology's most affected device; `memory_bound` is μ, `rate`
+    the stream's bytes/s through a device (None: its ports' rates, in and out)."""
+    best = 0.0
+    for dev in topology.devices:
+        a = dev.achieved
+        r = port_rate(topology, dev.id) if rate is None else rate
+        taken = min(MAX_MEMORY_TAKEN, a.transfer_memory * r / (dev.mem_bw * a.memory))
+        best = max(best, (1.0 - memory_bound) * a.transfer_slowdown + memory_bound * taken)
+    return best
+
+
+def port_rate(topology, device: int) -> float:
+    """Bytes/s `device` can move out and in at once: over its links, each distinct medium
+    or device port once (a port caps every link through it)."""
+    total = 0.0
+    for ends in ((device, None), (None, device)):
+        media: dict[str, float] = {}
+        for other in range(topology.world_size):
+            if other == device:
+                continue
+            src, dst = (device, other) if ends[0] is not None else (other, device)
+            link = topology.link(src, dst)
+            if link is None:
+                continue
+            port = link.egress if ends[0] is not None else link.ingress
+            if port is not None and link.port_bw is not None:
+                media[port] = link.port_bw
+            else:
+                media[link.resource] = link.bw
+        total += sum(media.values())
+    return total
