@@ -14,8 +14,9 @@ from ..planning.plan import Options, Plan
 # Part of every cache key: raise it whenever pricing changes which plan is optimal, so that
 # no cached plan of an older cost model is served (2: exchanges over the rails; weights sent
 # in one batch priced once; 3: relayed transfers priced store-and-forward; 4: weight streams
-# charged their contention, partial sums reduce-scattered in row-major chunks).
-CACHE_VERSION = 4
+# charged their contention, partial sums reduce-scattered in row-major chunks; 5: strided
+# parts packed by their senders, priced).
+CACHE_VERSION = 5
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

@@ -91,6 +91,7 @@ class _Synthesis:
         self.transfers: list[Transfer] = []
         self.reduces: list[Reduce] = []
         self.copies: dict[int, list[int]] = {}  # device -> [bytes, kernels]
+        self.packs: dict[tuple[int, int], list[int]] = {}  # (round, sender) -> [bytes, kernels]
         self.sent: dict[int, int] = {}  # device -> bytes it sent as a transfer's source
         self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
         self.routes = routes_for(topology, mode)
@@ -104,9 +105,12 @@ class _Synthesis:
         return self.routes.route(a, b, self.info.name)
 
     def send(self, src: int, dst: int, reg: Region, ready: int,
-             slices: tuple[int, ...] = (), hops: tuple[int, ...] | None = None) -> int:
+             slices: tuple[int, ...] = (), hops: tuple[int, ...] | None = None,
+             within: Region | None = None) -> int:
         """Emit a transfer whose source is ready after round `ready` (along `hops`, else the
-        topology's route); returns its round."""
+        topology's route); returns its round. `within`: the region of the buffer `reg` is
+        cut from on src, where `reg` may be a strided part of it, which the sender packs
+        into one contiguous message first (`Exchange.packs`)."""
         if hops is None:
             hops, res = self.route(src, dst)
         else:
@@ -118,6 +122,12 @@ class _Synthesis:
         for r in res:
             self._busy[(r, rnd)] = hops
         nbytes = volume(reg) * self.elem
+        if within is not None and reg != within and not contiguous_slice(
+                tuple(b - a for a, b in within),
+                tuple((a - o, b - o) for (a, b), (o, _) in zip(reg, within))):
+            acc = self.packs.setdefault((rnd, src), [0, 0])
+            acc[0] += nbytes
+            acc[1] += 1
         self.sent[src] = self.sent.get(src, 0) + nbytes
         self.transfers.append(Transfer(src, dst, self.info.name, reg, nbytes,
                                        "partial" if slices else "copy", rnd, hops, slices))
@@ -143,8 +153,8 @@ class _Synthesis:
             acc[0] += copied * self.elem
             acc[1] += 1
 
-    def copy_to(self, src: int, dst: int, reg: Region,
-                ready: int) -> list[tuple[Region, int, int]]:
+    def copy_to(self, src: int, dst: int, reg: Region, ready: int,
+                within: Region | None = None) -> list[tuple[Region, int, int]]:
         """Send full block `reg` from src to dst; returns every (part, device, round) that
         holds a part after, dst's parts last. With `spread`, a block crossing the top level
         goes over the rails (`routes.Routes.rails`) so that the blocks a group receives arrive over
@@ -160,7 +170,7 @@ class _Synthesis:
         blocks), so other readers there gather from the rails' ends."""
         rails = self.routes.rails(src, dst) if self.spread else ()
         if not rails:
-            return [(reg, dst, self.send(src, dst, reg, ready))]
+            return [(reg, dst, self.send(src, dst, reg, ready, within=within))]
         dim = next((i for i, (lo, hi) in enumerate(reg) if hi - lo > 1), None)
         worth = int(volume(reg) * self.elem // RANK_REFERENCE_BYTES)
         k = 1 if dim is None else max(1, min(len(rails), reg[dim][1] - reg[dim][0], worth))
@@ -168,13 +178,13 @@ class _Synthesis:
         if k == 1:
             at, rnd = src, ready
             for nxt in rails[0][1:]:
-                rnd = self.send(at, nxt, reg, rnd)
+                rnd = self.send(at, nxt, reg, rnd, within=within if at == src else None)
                 at = nxt
                 (arrived if at == dst else relayed).append((reg, at, rnd))
             return relayed + arrived
         group = self.topo.group_of(0, dst)
         for part, hops in zip(_cuts(reg, dim, k), rails):
-            rnd = self.send(src, dst, part, ready, hops=hops)
+            rnd = self.send(src, dst, part, ready, hops=hops, within=within)
             relayed.extend((part, h, rnd) for h in hops[1:-1]
                            if self.topo.group_of(0, h) == group)
             arrived.append((part, dst, rnd))
@@ -182,7 +192,8 @@ class _Synthesis:
 
     def build(self) -> Exchange:
         return Exchange(tuple(self.transfers), tuple(self.reduces),
-                        tuple((d, b, k) for d, (b, k) in sorted(self.copies.items())))
+                        tuple((d, b, k) for d, (b, k) in sorted(self.copies.items())),
+                        tuple((r, d, b, k) for (r, d), (b, k) in sorted(self.packs.items())))
 
 
 def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
@@ -280,7 +291,7 @@ def _copy(b: _Synthesis, sources: list[tuple[Region, int, int]],
                     nxt.append(u)
                     continue
                 if dev != d:
-                    arrived = b.copy_to(dev, d, cut, ready)
+                    arrived = b.copy_to(dev, d, cut, ready, within=reg)
                     got.extend(arrived)
                     parts.extend((part, True) for part, at, _ in arrived if at == d)
                 else:
@@ -321,10 +332,10 @@ def _reduce_partials(b: _Synthesis, produced: Sequence[Piece], needs: Sequence[t
         for x, devs in readers.items():
             if b.naive:
                 for d in devs:
-                    full.append((x, d, _fold_direct(b, x, d, holders)))
+                    full.append((x, d, _fold_direct(b, x, d, holders, block)))
                 continue
             for chunk, r in _scatter(x, devs, holders, b.elem):
-                full.append((chunk, r, _fold_tree(b, chunk, r, holders)))
+                full.append((chunk, r, _fold_tree(b, chunk, r, holders, block)))
     return full
 
 
@@ -384,15 +395,18 @@ def _row_major_cuts(x: Region, k: int) -> list[Region] | None:
     return None
 
 
-def _fold_direct(b: _Synthesis, x: Region, d: int, holders: dict[int, list[int]]) -> int:
+def _fold_direct(b: _Synthesis, x: Region, d: int, holders: dict[int, list[int]],
+                 block: Region) -> int:
     inputs = []
     for s in sorted(holders):
         h = d if d in holders[s] else holders[s][0]
-        inputs.append(((s,), -1 if h == d else b.send(h, d, x, -1, (s,))))
+        inputs.append(((s,), -1 if h == d else b.send(h, d, x, -1, (s,), within=block)))
     return b.reduce(d, x, inputs, ())
 
 
-def _fold_tree(b: _Synthesis, x: Region, r: int, holders: dict[int, list[int]]) -> int:
+def _fold_tree(b: _Synthesis, x: Region, r: int, holders: dict[int, list[int]],
+               block: Region) -> int:
+    """Fold chunk x of `block`'s partial slices at r (module docstring, *Partial*)."""
     chosen: dict[int, list[int]] = {}
     for s in sorted(holders):
         h = min(holders[s], key=lambda dev: (b.dist(dev, r), dev))
@@ -406,32 +420,35 @@ def _fold_tree(b: _Synthesis, x: Region, r: int, holders: dict[int, list[int]]) 
             items.append((dev, tuple(ss), ready))
         else:
             items.extend((dev, (s,), -1) for s in ss)
-    inputs = _gather(b, x, r, items, 0)
+    inputs = _gather(b, x, r, items, 0, block)
     return b.reduce(r, x, inputs, ())
 
 
 def _gather(b: _Synthesis, x: Region, target: int, items: list[tuple[int, tuple[int, ...], int]],
-            level: int) -> list[tuple[tuple[int, ...], int]]:
+            level: int, block: Region) -> list[tuple[tuple[int, ...], int]]:
     """Values (slices, ready round) that arrive at `target`, folding inside groups of
-    topology level `level` (and finer) before crossing it."""
+    topology level `level` (and finer) before crossing it. A value not yet folded (ready
+    round -1) is still the holder's partial of `block`, which x may cut strided."""
     levels = b.topo.levels
     if level >= len(levels) or len(items) <= 1 and (not items or items[0][0] == target):
         out = []
         for dev, ss, ready in items:
-            out.append((ss, ready if dev == target else b.send(dev, target, x, ready, ss)))
+            out.append((ss, ready if dev == target else b.send(
+                dev, target, x, ready, ss, within=block if ready < 0 else None)))
         return out
     groups: dict[int, list] = {}
     for it in items:
         groups.setdefault(b.topo.group_of(level, it[0]), []).append(it)
     mine = b.topo.group_of(level, target)
-    out = _gather(b, x, target, groups.pop(mine, []), level + 1)
+    out = _gather(b, x, target, groups.pop(mine, []), level + 1, block)
     for g in sorted(groups):
         members = groups[g]
         leader = min((it[0] for it in members), key=lambda dev: (b.dist(dev, target), dev))
-        vals = _gather(b, x, leader, members, level + 1)
+        vals = _gather(b, x, leader, members, level + 1, block)
         ss = tuple(sorted(s for v, _ in vals for s in v))
         ready = vals[0][1] if len(vals) == 1 else b.reduce(leader, x, vals, ss)
-        out.append((ss, b.send(leader, target, x, ready, ss)))
+        out.append((ss, b.send(leader, target, x, ready, ss,
+                               within=block if ready < 0 else None)))
     return out
 
 

@@ -6,8 +6,10 @@ latencies of its hops, plus the longest busy time on its route, plus sum_h B / b
 B / b_h (store and forward: a relay receives a message whole before sending it on, as the
 programs lowering emits do; alone on its route that is sum_h B / b_h, and where other
 messages load the bottleneck their time hides the relay's wait on the other hops); the round
-lasts as long as its slowest transfer plus its longest per-device reduce time (inputs read and
-output written at the device's memory bandwidth), plus the host time of its messages
+lasts as long as its busiest sender's packing (strided parts copied into one message before
+they leave, read and written, a kernel per transfer, `Exchange.packs`) plus its slowest
+transfer plus its longest per-device reduce time (inputs read and output written at the
+device's memory bandwidth), plus the host time of its messages
 (`message_time`) and, where two devices send to each other in it, their two-way wait
 (`exchange_wait_time`). After the last
 round each reader stitches the needs it got in several parts: its own parts, and received parts
@@ -99,6 +101,9 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
             ld[res] = ld.get(res, 0.0) + nbytes
             if b < bb.get(res, math.inf):
                 bb[res] = b
+    pack_s: dict[int, float] = {}
+    for rnd, d, nbytes, kernels in ex.packs:
+        pack_s[rnd] = max(pack_s.get(rnd, 0.0), copy_s(topology.devices[d], 2 * nbytes, kernels))
     reduce_s: dict[int, dict[int, float]] = {}
     for r in ex.reduces:
         if r.n_inputs < 2:  # a lone input is only relabelled as the folded value
@@ -108,7 +113,7 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
         per_dev = reduce_s.setdefault(r.round, {})
         per_dev[r.device] = per_dev.get(r.device, 0.0) + memory_s(dev, bytes_touched)
     total = 0.0
-    for rnd in sorted(set(by_round) | set(reduce_s)):
+    for rnd in sorted(set(by_round) | set(reduce_s) | set(pack_s)):
         ld, bb = load.get(rnd, {}), bw.get(rnd, {})
         busy = {res: x / bb[res] for res, x in ld.items()}  # seconds each resource is loaded
         wire = 0.0
@@ -120,8 +125,9 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
                        + max(busy[res] for res, _ in terms) + nbytes * relay_s_per_byte)
         fold = max(reduce_s.get(rnd, {}).values(), default=0.0)
         routes = by_round.get(rnd, ())
-        total += wire + fold + (0.0 if batched else message_time(routes, topology)
-                                + exchange_wait_time(routes, topology))
+        host = 0.0 if batched else (message_time(routes, topology)
+                                    + exchange_wait_time(routes, topology))
+        total += pack_s.get(rnd, 0.0) + wire + fold + host
     return total + stitch_time(ex, topology)
 
 

@@ -50,10 +50,13 @@ class Reduce:
 class Exchange:
     """`copies`: (device, bytes, kernels) the readers copy to stitch needs from several parts:
     their own parts, and received parts that cannot land in place (not a contiguous range of
-    the need); a received part that is contiguous is written where it belongs, no copy."""
+    the need); a received part that is contiguous is written where it belongs, no copy.
+    `packs`: (round, device, bytes, kernels) a sender copies into contiguous messages before
+    it sends strided parts of a block in that round (one pack kernel per transfer)."""
     transfers: tuple[Transfer, ...]
     reduces: tuple[Reduce, ...] = ()
     copies: tuple[tuple[int, int, int], ...] = ()
+    packs: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def n_rounds(self) -> int:
