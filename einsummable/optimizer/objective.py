@@ -12,8 +12,8 @@ time is modelled as
     W   weight exchanges: the edges out of "input:<weight>" nodes, which stream behind the
         compute (they cannot finish before their bytes have crossed); the copies that
         stitch a gathered weight together are device work and count in C, and so does the
-        compute the stream takes while it runs: s W, s the devices' `transfer_slowdown`
-        (`planning/kernel_time.py`, contention; C + s W is exact where W <= C).
+        compute the stream takes while it runs: κ W (`planning/kernel_time.py`,
+        contention_share; per kernel, the simulator's rule gives this where W <= C).
         Where the transport charges per message, lowering sends every weight in one batch,
         whose route latencies and message costs are paid once, not once per weight: there
         each weight edge counts its batched seconds (`EdgeCost.batched_s`)

@@ -114,11 +114,17 @@ def loaded_s(kt: KernelTime, device, rate: float, drain_s: float,
     d = max(kt.flop_s, kt.memory_s)
     if rate <= 0 or drain_s <= 0 or d <= 0 or not (a.transfer_slowdown or a.transfer_memory):
         return kt.total_s
-    taken = min(MAX_MEMORY_TAKEN,
-                a.transfer_memory * rate / (device.mem_bw * a.memory * mem_efficiency))
+    taken = _memory_taken(device, rate, mem_efficiency)
     d_loaded = max(kt.flop_s / (1.0 - a.transfer_slowdown), kt.memory_s / (1.0 - taken))
     f = 1.0 - d / d_loaded
     return kt.launch_s + min(d_loaded, d + f * drain_s)
+
+
+def _memory_taken(device, rate: float, mem_efficiency: float = 1.0) -> float:
+    """h of the module docstring: the share of the device's memory rate a transfer rate takes."""
+    a = device.achieved
+    return min(MAX_MEMORY_TAKEN,
+               a.transfer_memory * rate / (device.mem_bw * a.memory * mem_efficiency))
 
 
 def contention_share(topology, memory_bound: float = 0.0, rate: float | None = None) -> float:
@@ -129,7 +135,7 @@ def contention_share(topology, memory_bound: float = 0.0, rate: float | None = N
     for dev in topology.devices:
         a = dev.achieved
         r = port_rate(topology, dev.id) if rate is None else rate
-        taken = min(MAX_MEMORY_TAKEN, a.transfer_memory * r / (dev.mem_bw * a.memory))
+        taken = _memory_taken(dev, r)
         best = max(best, (1.0 - memory_bound) * a.transfer_slowdown + memory_bound * taken)
     return best
 

@@ -216,11 +216,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             return copy(2 * nbytes(r, ins.src))  # pack kernel: read, write
         return None
 
-    def cost(r: int, ins, start: float) -> float:
-        """Seconds `ins` keeps rank r busy from `start`: its kernel, slowed by the flows to
-        or from r then running (contention), and its transport work."""
+    def cost(r: int, ins, start: float, kt: KernelTime | None) -> float:
+        """Seconds `ins` keeps rank r busy from `start`: its kernel `kt`, slowed by the flows
+        to or from r then running (contention), and its transport work."""
         dev = topo.devices[r]
-        kt = kernel(r, ins)
         if kt is None:
             dt = 0.0
         else:
@@ -277,8 +276,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 ready[r][b] = max(ready[r].get(b, 0.0), usable)
             start = max(start, ready[r].get(b, 0.0))
         record_shape(r, ins)
-        dt = cost(r, ins, start)
-        if isinstance(ins, Compute) and (kt := kernel(r, ins)) is not None:
+        kt = kernel(r, ins)
+        dt = cost(r, ins, start, kt)
+        if isinstance(ins, Compute) and kt is not None:
             compute[r] += kt.total_s  # the work itself; contention shows in the rank's end
         if trace:
             events.append((r, pc[r], type(ins).__name__, t[r], start, start + dt))
