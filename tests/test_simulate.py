@@ -13,7 +13,7 @@ from einsummable.planning.placement import INPUT_PREFIX, input_op, place
 from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.topology import load_topology, synthetic
 
-import einsummable.backend.runtime.network as N
+import einsummable.planning.network as N
 import einsummable.backend.runtime.simulator as S
 
 from helpers import random_choice, random_graph

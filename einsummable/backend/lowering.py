@@ -403,6 +403,31 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     return Lowered(graph, programs, mode)
 
 
+def lower_exchange(info: TensorInfo, pieces, needs, agg: str | None, topology, *,
+                   mode: str = "optimized") -> Lowered:
+    """The programs of one exchange alone, as `lower` emits it inside a plan: `info` held as
+    `pieces`, delivered to `needs` (each read at the end, so a rank ends when its needs are
+    there), messages packed as `lower` packs them. What `planning/replay.py` is checked
+    against (`tests/test_replay.py`)."""
+    topology = load_topology(topology)
+    world = topology.world_size
+    st = _State(None, world, [[] for _ in range(world)])
+    for p in pieces:
+        b = st.buf()
+        st.emit(p.device, Place(b, info.name, p.region))
+        st.hold(info.name, p.device, p.region, (p.slice,) if p.n_slices > 1 else (), b)
+    st.layouts = {info.name: (tuple(pieces), agg)}
+    keep: list[set[int]] = [set() for _ in range(world)]
+    for (_, d), b in _deliver(st, info, needs, mode, topology).items():
+        keep[d].add(b)
+        st.emit(d, Output(info.name, b))
+    programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
+                     for r in range(world))
+    graph = Graph((TensorInfo(info.name, tuple(info.shape), info.dtype, "input"),), (),
+                  (info.name,))
+    return Lowered(graph, pack_messages(programs, topology), mode)
+
+
 def _check_devices(name: str, cand: Candidate, world: int) -> None:
     bad = [d for d in cand.used_devices if not 0 <= d < world]
     if bad:

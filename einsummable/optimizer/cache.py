@@ -15,8 +15,9 @@ from ..planning.plan import Options, Plan
 # no cached plan of an older cost model is served (2: exchanges over the rails; weights sent
 # in one batch priced once; 3: relayed transfers priced store-and-forward; 4: weight streams
 # charged their contention, partial sums reduce-scattered in row-major chunks; 5: strided
-# parts packed by their senders, priced).
-CACHE_VERSION = 5
+# parts packed by their senders, priced; 6: exchanges on GPU fabrics timed by replaying their
+# programs, no round barrier).
+CACHE_VERSION = 6
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

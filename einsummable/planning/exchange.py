@@ -91,11 +91,15 @@ class _Synthesis:
         self.transfers: list[Transfer] = []
         self.reduces: list[Reduce] = []
         self.copies: dict[int, list[int]] = {}  # device -> [bytes, kernels]
+        self.early: dict[int, list[int]] = {}  # the copies of those that read no received part
+        self.stitches: list[tuple[Region, int, list[tuple[Region, bool]]]] = []
+        self.copied: list[tuple[int, Region]] = []  # received parts the stitching copies
         self.packs: dict[tuple[int, int], list[int]] = {}  # (round, sender) -> [bytes, kernels]
         self.sent: dict[int, int] = {}  # device -> bytes it sent as a transfer's source
         self._busy: dict[tuple[str, int], tuple[int, ...]] = {}
         self.routes = routes_for(topology, mode)
         self.spread = spread and not self.naive
+        self.sources: tuple = ()  # the producer's pieces, as lowering holds them
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -141,17 +145,39 @@ class _Synthesis:
         return rnd
 
     def stitch(self, q: Region, d: int, parts: list[tuple[Region, bool]]) -> None:
-        """Count the copy that assembles need q on d from parts (region, received?)."""
+        """Note the parts (region, received?) that need q on d is assembled from; counted
+        in `build`, once every transfer is known."""
         if len(parts) == 1 and parts[0][0] == q:
             return  # the one part is the need itself
-        shape = tuple(b - a for a, b in q)
-        copied = sum(volume(cut) for cut, received in parts
-                     if not received or not contiguous_slice(
-                         shape, tuple((a - o, b - o) for (a, b), (o, _) in zip(cut, q))))
-        if copied:
+        self.stitches.append((q, d, parts))
+
+    def _count_stitches(self) -> None:
+        """The copies that assemble the needs: own parts, and received parts that cannot
+        land in place: not a contiguous range of the need, or read again on the device (it
+        sends them on, so lowering keeps the received buffer and copies it)."""
+        sent_from: dict[int, list[Region]] = {}
+        for t in self.transfers:
+            if not t.slices:  # a full value sent on (a partial is another buffer)
+                sent_from.setdefault(t.src, []).append(t.region)
+        for q, d, parts in self.stitches:
+            shape = tuple(b - a for a, b in q)
+            copied = [(cut, received) for cut, received in parts
+                      if not received
+                      or not contiguous_slice(shape, tuple((a - o, b - o)
+                                                           for (a, b), (o, _) in zip(cut, q)))
+                      or any(contains(cut, r) for r in sent_from.get(d, ()))]
+            if not copied:
+                continue
+            nbytes = sum(volume(cut) for cut, _ in copied) * self.elem
             acc = self.copies.setdefault(d, [0, 0])
-            acc[0] += copied * self.elem
+            acc[0] += nbytes
             acc[1] += 1
+            waits = [cut for cut, received in copied if received]
+            if not waits:  # own parts only: no waiting
+                early = self.early.setdefault(d, [0, 0])
+                early[0] += nbytes
+                early[1] += 1
+            self.copied.extend((d, cut) for cut in waits)
 
     def copy_to(self, src: int, dst: int, reg: Region, ready: int,
                 within: Region | None = None) -> list[tuple[Region, int, int]]:
@@ -191,9 +217,13 @@ class _Synthesis:
         return relayed + arrived
 
     def build(self) -> Exchange:
+        self._count_stitches()
         return Exchange(tuple(self.transfers), tuple(self.reduces),
                         tuple((d, b, k) for d, (b, k) in sorted(self.copies.items())),
-                        tuple((r, d, b, k) for (r, d), (b, k) in sorted(self.packs.items())))
+                        tuple((r, d, b, k) for (r, d), (b, k) in sorted(self.packs.items())),
+                        self.sources,
+                        tuple((d, b, k) for d, (b, k) in sorted(self.early.items())),
+                        tuple(self.copied))
 
 
 def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
@@ -216,6 +246,14 @@ def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tupl
     return spread if exchange_time(spread, topology) < exchange_time(plain, topology) else plain
 
 
+def _synthesis(info: TensorInfo, produced: Sequence[Piece], topology, mode: str,
+               spread: bool) -> "_Synthesis":
+    b = _Synthesis(info, topology, mode, spread)
+    b.sources = tuple((p.region, p.device, (p.slice,) if p.n_slices > 1 else ())
+                      for p in produced)
+    return b
+
+
 def _crosses_rails(ex: Exchange, topology) -> bool:
     routes = routes_for(topology, "optimized")
     return any(t.kind == "copy" and routes.rails(t.src, t.dst) for t in ex.transfers)
@@ -232,10 +270,10 @@ def _synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tup
                   if not any(contains(r, q) for r in local.get(d, ()))]
         if not remote:
             return EMPTY
-        b = _Synthesis(info, topology, mode, spread)
+        b = _synthesis(info, produced, topology, mode, spread)
         _copy(b, [(p.region, p.device, -1) for p in produced], remote)
         return b.build()
-    b = _Synthesis(info, topology, mode, spread)
+    b = _synthesis(info, produced, topology, mode, spread)
     full = _reduce_partials(b, produced, needs, n_slices)
     remote = [(q, d) for q, d in needs
               if not any(dev == d and contains(r, q) for r, dev, _ in full)]

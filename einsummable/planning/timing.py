@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from .kernel_time import copy_s, memory_s
+from .replay import replay_time
 from .transfers import Exchange
 
 
@@ -82,6 +83,12 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     one batch, `Topology.charges_per_message`): the same sum without those two terms."""
     if not ex:
         return 0.0
+    if replays(topology):
+        return replay_time(ex, topology)
+    return _round_time(ex, topology, batched)
+
+
+def _round_time(ex: Exchange, topology, batched: bool = False) -> float:
     memo = _route_memo(topology)
     by_round: dict[int, dict[tuple[int, ...], int]] = {}
     load: dict[int, dict[str, float]] = {}
@@ -129,6 +136,14 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
                                     + exchange_wait_time(routes, topology))
         total += pack_s.get(rnd, 0.0) + wire + fold + host
     return total + stitch_time(ex, topology)
+
+
+def replays(topology) -> bool:
+    """Whether exchanges on `topology` are timed by replaying their programs (`replay.py`):
+    where the transport neither charges per message (gloo packs a batch's blocks into one,
+    which the replay does not model) nor loses host time when messages cross."""
+    return not topology.charges_per_message and not any(d.exchange_wait_s
+                                                         for d in topology.devices)
 
 
 def message_time(routes, topology) -> float:

@@ -52,11 +52,19 @@ class Exchange:
     their own parts, and received parts that cannot land in place (not a contiguous range of
     the need); a received part that is contiguous is written where it belongs, no copy.
     `packs`: (round, device, bytes, kernels) a sender copies into contiguous messages before
-    it sends strided parts of a block in that round (one pack kernel per transfer)."""
+    it sends strided parts of a block in that round (one pack kernel per transfer).
+    `sources`: the producer's pieces (region, device, partial slices) in the order lowering
+    holds them, which decides the buffer each send reads (`replay.py`). `early`: the part of
+    `copies` whose needs copy no received part (own parts only): a reader runs those before
+    anything arrives; `copied`: the received parts (device, region) the other copies read,
+    which they wait for."""
     transfers: tuple[Transfer, ...]
     reduces: tuple[Reduce, ...] = ()
     copies: tuple[tuple[int, int, int], ...] = ()
     packs: tuple[tuple[int, int, int, int], ...] = ()
+    sources: tuple[tuple[Region, int, tuple[int, ...]], ...] = ()
+    early: tuple[tuple[int, int, int], ...] = ()
+    copied: tuple[tuple[int, Region], ...] = ()
 
     @property
     def n_rounds(self) -> int:

@@ -68,7 +68,7 @@ from ...planning.kernel_time import KernelTime, kernel_time, loaded_s, memory_s
 from ...planning.stack import stack
 from ...topology import load_topology
 from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
-from .network import Flow, Network, PrefetchQueue
+from ...planning.network import Flow, Network, PrefetchQueue
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             route = (link,) if link is not None else topo.route(r, ins.peer)
             res = tuple((l.resource, l.bw) for l in route) \
                 + tuple(p for l in route for p in l.port_resources)
-            for tag in net.advance(t[r]):
+            # the arrivals known when the send was issued; not up to t[r], which may lie past
+            # other ranks' clocks (a batch's launch) and would start their sends late
+            for tag in net.advance(max(net.now, start)):
                 wake(tag)
             flow = Flow(ins.tag, res, sum(l.latency_s for l in route), float(size),
                         urgent=not ins.queue, ends=(r, ins.peer))

@@ -1,4 +1,6 @@
-"""The simulator's network: flows of bytes over shared resources, rates max-min fair.
+"""The fluid network: flows of bytes over shared resources, rates max-min fair. The simulator
+runs whole programs on it and the exchange timer (`replay.py`) one exchange program, so that
+both price a transfer by the same rules.
 
 A transfer is one flow that loads its link and, where the link names a port, the sender's
 egress and the receiver's ingress port. Rates are max-min fair over all of a flow's resources
@@ -23,7 +25,7 @@ _DONE_BYTES = 1e-6
 _DONE_S = 1e-12
 
 
-@dataclass
+@dataclass(slots=True)
 class Flow:
     tag: int
     resources: tuple[tuple[str, float], ...]  # (resource, its capacity in B/s) the bytes load
@@ -48,32 +50,42 @@ class Network:
         receiver), and bandwidth one flow cannot use goes to the others. Urgent flows are
         filled first; prefetches share what they leave (a low-priority stream)."""
         cap: dict[str, float] = {}
+        later = []
         for f in self.flows:
             for res, bw in f.resources:
                 cap[res] = bw
-        for urgent in (True, False):
-            self._fill([f for f in self.flows if f.urgent == urgent], cap)
+            if not f.urgent:
+                later.append(f)
+        if later:
+            self._fill([f for f in self.flows if f.urgent], cap)
+            self._fill(later, cap)
+        else:
+            self._fill(self.flows, cap)
 
     @staticmethod
     def _fill(flows: list["Flow"], cap: dict[str, float]) -> None:
         # Counts of unfrozen flows per resource are kept up to date, so a step costs one pass
-        # over the resources instead of one over every (resource, flow) pair.
+        # over the resources that still carry unfrozen flows.
         users: dict[str, list[Flow]] = {}
         for f in flows:
             for res, _ in f.resources:
                 users.setdefault(res, []).append(f)
-        free = {id(f) for f in flows}
+        free = set(map(id, flows))
         count = {r: len(fl) for r, fl in users.items()}
         while free:
-            share, res = min((max(cap[r], 0.0) / n, r) for r, n in count.items() if n)
-            for f in users[res]:
+            share, res = min((max(cap[r], 0.0) / n, r) for r, n in count.items())
+            for f in users.pop(res):
                 if id(f) in free:
                     f.rate = share
                     free.discard(id(f))
                     for r, _ in f.resources:
                         cap[r] -= share
-                        count[r] -= 1
-            del users[res], count[res]
+                        n = count[r] - 1
+                        if n:
+                            count[r] = n
+                        else:
+                            del count[r]
+            count.pop(res, None)
 
     def load(self, device: int, at: float, queued: float = 0.0) -> tuple[float, float]:
         """The bytes/s R that running flows move to or from `device`, and how long after `at`
@@ -100,12 +112,17 @@ class Network:
             if t_next > t:
                 break
             self._progress(t_next)
-            for f in [f for f in self.flows if f.remaining <= _DONE_BYTES
-                      or (f.rate > 0 and f.remaining / f.rate <= _DONE_S)]:
-                self.flows.remove(f)
-                self.arrived[f.tag] = t_next + f.latency
-                done.append(f.tag)
-                self.on_done(f.tag)
+            going = []
+            for f in self.flows:
+                if f.remaining <= _DONE_BYTES or (f.rate > 0 and f.remaining / f.rate <= _DONE_S):
+                    self.arrived[f.tag] = t_next + f.latency
+                    done.append(f.tag)
+                else:
+                    going.append(f)
+            finished = done[len(done) - (len(self.flows) - len(going)):]
+            self.flows = going
+            for tag in finished:
+                self.on_done(tag)
             self._rates()
         self._progress(t)
         return done
@@ -118,12 +135,20 @@ class Network:
         self.now = max(self.now, t)
 
     def start(self, flow: Flow) -> None:
-        if flow.remaining <= 0:
-            self.arrived[flow.tag] = self.now + flow.latency
-            self.on_done(flow.tag)
-            return
-        self.flows.append(flow)
-        self._rates()
+        self.start_all((flow,))
+
+    def start_all(self, flows) -> None:
+        """Start flows at once: the rates are filled once for all of them."""
+        added = False
+        for flow in flows:
+            if flow.remaining <= 0:
+                self.arrived[flow.tag] = self.now + flow.latency
+                self.on_done(flow.tag)
+                continue
+            self.flows.append(flow)
+            added = True
+        if added:
+            self._rates()
 
 
 class PrefetchQueue:

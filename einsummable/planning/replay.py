@@ -1,0 +1,284 @@
+"""Exchange time by replay: an exchange run as the programs lowering emits for it, on the
+simulator's network, by the simulator's rules.
+
+The round model (`timing.py`) puts a barrier after every round. Programs have none: a send
+leaves as soon as its block is there and the line to its peer is free, so later rounds start
+while a relay is still forwarding. On fabrics that relay (the DGX-1 cube mesh, rails across
+nodes) the barrier made exchanges of several rounds up to twice their simulated time. Here the
+exchange's program is replayed instead, rule for rule as `backend/runtime/simulator.py` runs
+it (checked against it in `tests/test_replay.py`):
+
+    order     each device runs its part in lowering's order: events by (round, transfers
+              before reduces, emission order); a transfer is a Send at its source, a Recv and
+              Send at every relay, a Recv at its reader (`lowering._apply`)
+    buffers   a send reads the first held block that equals its region, else the first that
+              contains it (a Slice: a view, but the device waits until that block is there;
+              a strided one is packed, one copy kernel read and written, before it leaves);
+              held blocks are the producer's pieces (`Exchange.sources`), then what arrives,
+              relays keeping full blocks they pass on, and reduce outputs
+    sends     leave once their block is there, in program order per peer (a forward still
+              waiting for its block holds back later sends to that peer, no others), each hop
+              one flow on `network.Network` over its link and ports, usable `latency` after
+              its last byte leaves
+    kernels   a reduce waits for its inputs, then takes launch + (inputs + 1) bytes / memory
+              rate; the first Send/Recv after a kernel (or at the start) opens a p2p batch:
+              one launch
+    end       per device, when its part and the blocks it reads are done, plus its stitching
+              copies (`Exchange.copies`); the exchange ends with the last device
+
+Contention is left to the callers (the objective's κ, the simulator per kernel), as before.
+Transports that charge per message (gloo ranks) pack a batch's blocks into one message
+(`coalesce.py`), which this replay does not model: `timing.exchange_time` keeps the round
+model there.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.geometry import Region, contains, contiguous_slice, intersect, region_shape, relative
+from .kernel_time import copy_s
+from .network import Flow, Network
+from .transfers import Exchange
+
+ORIGIN = ("origin",)  # the producer's own pieces: there from the start
+
+
+@dataclass
+class _Step:
+    kind: str                       # "slice", "send", "recv", "reduce"
+    waits: tuple = ()               # buffer keys the device waits for before the step
+    key: tuple = ()                 # send: the block it reads; reduce: the block it writes
+    peer: int = -1
+    tag: int = -1
+    nbytes: int = 0
+    pack: bool = False              # send: a strided block, packed first
+    direct: bool = True             # send: reads the held block itself, not a slice of it
+    opens: bool = False             # opens a p2p batch (one launch)
+
+
+@dataclass
+class _Replay:
+    ex: Exchange
+    topology: object
+    steps: list[list[_Step]] = field(default_factory=list)
+    held: list[list[tuple[Region, tuple[int, ...], tuple]]] = field(default_factory=list)
+    batch: list[set | None] = field(default_factory=list)  # per device, the open batch's receives
+    # per device, (key, region) of the blocks it holds at the end
+    finals: list[list[tuple]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = self.topology.world_size
+        self.steps = [[] for _ in range(n)]
+        self.held = [[] for _ in range(n)]
+        self.batch = [None] * n
+        self.finals = [[] for _ in range(n)]
+        for reg, dev, slices in self.ex.sources:
+            self.held[dev].append((reg, slices, ORIGIN))
+
+    def emit(self, dev: int, step: _Step) -> None:
+        """Append a step; a Send or Recv opens a p2p batch after a kernel, at the start, and
+        where a send forwards a block its own batch receives (`program.p2p_batches`)."""
+        if step.kind in ("send", "recv"):
+            got = self.batch[dev]
+            if got is None or (step.kind == "send" and step.direct and step.key in got):
+                step.opens = True
+                got = self.batch[dev] = set()
+            if step.kind == "recv":
+                got.add(("tag", step.tag))
+        elif step.kind == "reduce":
+            self.batch[dev] = None
+        self.steps[dev].append(step)
+
+    def find(self, dev: int, reg: Region, slices: tuple[int, ...]) -> tuple[tuple, bool, bool]:
+        """The key of the block a step on `dev` reads for `reg`, whether it is strided, and
+        whether it is the held block itself; a contained block is sliced (the device waits
+        for it). Not held: a producer piece."""
+        held = self.held[dev]
+        for r, s, k in held:
+            if s == slices and r == reg:
+                return k, False, True
+        for r, s, k in held:
+            if s == slices and contains(r, reg):
+                self.emit(dev, _Step("slice", waits=(k,)))
+                return k, not contiguous_slice(region_shape(r), relative(reg, r)), False
+        return ORIGIN, False, True
+
+    def build(self) -> None:
+        ex = self.ex
+        events = sorted([(t.round, 0, i) for i, t in enumerate(ex.transfers)]
+                        + [(r.round, 1, i) for i, r in enumerate(ex.reduces)])
+        tag = 0
+        for _, kind, i in events:
+            if kind == 0:
+                t = ex.transfers[i]
+                key, strided, direct = self.find(t.src, t.region, t.slices)
+                for a, c in zip(t.hops, t.hops[1:]):
+                    self.emit(a, _Step("send", key=key, peer=c, tag=tag, nbytes=t.nbytes,
+                                       pack=strided, direct=direct))
+                    self.emit(c, _Step("recv", tag=tag))
+                    key, strided, direct = ("tag", tag), False, True
+                    tag += 1
+                    if c != t.dst and not t.slices:
+                        self.held[c].append((t.region, (), key))
+                if len(t.hops) >= 2:
+                    self.held[t.dst].append((t.region, t.slices, key))
+                    self.finals[t.dst].append((key, t.region))
+            else:
+                r = ex.reduces[i]
+                ins = tuple(self.find(r.device, r.region, s)[0] for s in r.inputs)
+                out = ("reduce", i)
+                self.emit(r.device, _Step("reduce", waits=ins, key=out, nbytes=r.nbytes))
+                self.held[r.device].append((r.region, r.out, out))
+                self.finals[r.device].append((out, r.region))
+
+    def one_shot(self) -> float | None:
+        """The common case without the event loop: every send reads a producer piece and no
+        device reduces, so nothing a device does waits on the network; each device posts its
+        sends in order (a launch for its batch, a pack before each strided one) and the
+        replay is the network draining them. None otherwise."""
+        topo = self.topology
+        devices = topo.devices
+        t = [0.0] * len(self.steps)
+        posted: dict[float, list[Flow]] = {}
+        for a, steps in enumerate(self.steps):
+            dev = devices[a]
+            for s in steps:
+                if s.kind == "reduce" or any(k != ORIGIN for k in s.waits) or \
+                        (s.kind == "send" and s.key != ORIGIN):
+                    return None
+                t[a] += dev.launch_s if s.opens else 0.0
+                if s.kind == "send":
+                    if s.pack:
+                        t[a] += copy_s(dev, 2 * s.nbytes)
+                    link = topo.link(a, s.peer)
+                    posted.setdefault(t[a], []).append(
+                        Flow(s.tag, ((link.resource, link.bw),) + link.port_resources,
+                             link.latency_s, float(s.nbytes), ends=(a, s.peer)))
+        net = Network()
+        for at in sorted(posted):
+            net.advance(at)
+            net.start_all(posted[at])
+        net.advance(math.inf)
+        return self._end(t, {("tag", tg): at for tg, at in net.arrived.items()})
+
+    def _end(self, t: list[float], ready: dict) -> float:
+        """When the last device is done: per device, the blocks it holds are there, its
+        stitching copies of own parts ran as soon as its part of the program did (they wait
+        for nothing), and the other copies once the received parts they read arrived."""
+        devices = self.topology.devices
+        total = {d: (b, k) for d, b, k in self.ex.copies}
+        early = {d: (b, k) for d, b, k in self.ex.early}
+        copied: dict[int, list[Region]] = {}
+        for d, reg in self.ex.copied:
+            copied.setdefault(d, []).append(reg)
+        end = 0.0
+        for d in range(len(self.steps)):
+            if not self.steps[d] and d not in total:
+                continue
+            dev = devices[d]
+            eb, ek = early.get(d, (0, 0))
+            tb, tk = total.get(d, (0, 0))
+            first = t[d] + (copy_s(dev, 2 * eb, ek) if ek else 0.0)
+            held = [ready[k] for k, _ in self.finals[d]]
+            if tk > ek:
+                read = [ready[k] for k, reg in self.finals[d]
+                        if any(intersect(reg, c) is not None for c in copied.get(d, ()))]
+                first = max([first] + read) + copy_s(dev, 2 * (tb - eb), tk - ek)
+            end = max([end, first] + held)
+        return end
+
+    def run(self) -> float:
+        quick = self.one_shot()
+        if quick is not None:
+            return quick
+        topo = self.topology
+        devices = topo.devices
+        n = len(self.steps)
+        net = Network()
+        ready: dict[tuple, float] = {ORIGIN: 0.0}
+        t = [0.0] * n
+        pc = [0] * n
+        lines: dict[tuple[int, int], list[list]] = {}  # (sender, peer) -> [[step, posted at]]
+
+        def arrive(tags: list[int]) -> None:
+            for tg in tags:
+                ready[("tag", tg)] = net.arrived[tg]
+
+        def next_send() -> float:
+            heads = [ln[0] for ln in lines.values() if ln and ln[0][0].key in ready]
+            return min((max(p, ready[s.key]) for s, p in heads), default=math.inf)
+
+        def issue(now: float) -> None:
+            flows = []
+            for (a, _), ln in lines.items():
+                while ln and ln[0][0].key in ready and max(ln[0][1], ready[ln[0][0].key]) <= now:
+                    s = ln.pop(0)[0]
+                    link = topo.link(a, s.peer)
+                    res = ((link.resource, link.bw),) + tuple(link.port_resources)
+                    flows.append(Flow(s.tag, res, link.latency_s, float(s.nbytes),
+                                      ends=(a, s.peer)))
+            net.start_all(flows)
+
+        def step(r: int) -> bool:
+            s = self.steps[r][pc[r]]
+            if any(k not in ready for k in s.waits):
+                return False
+            dev = devices[r]
+            start = max([t[r]] + [ready[k] for k in s.waits])
+            dt = dev.launch_s if s.opens else 0.0
+            if s.kind == "send":
+                if s.pack:
+                    dt += copy_s(dev, 2 * s.nbytes)
+                t[r] = start + dt
+                lines.setdefault((r, s.peer), []).append([s, t[r]])
+            elif s.kind == "reduce":
+                dt += copy_s(dev, (len(s.waits) + 1) * s.nbytes)
+                t[r] = start + dt
+                ready[s.key] = t[r]
+            else:
+                t[r] = start + dt
+            pc[r] += 1
+            return True
+
+        while True:
+            runnable = [r for r in range(n) if pc[r] < len(self.steps[r])]
+            movable = [r for r in runnable if all(k in ready for k in self.steps[r][pc[r]].waits)]
+            t_rank = min((t[r] for r in movable), default=math.inf)
+            t_send, t_net = next_send(), net.next_done()
+            if t_rank == t_send == t_net == math.inf:
+                if runnable:  # a step waits for a block no send will bring: a broken program
+                    raise RuntimeError("exchange replay stalled: a device waits for a block "
+                                       "that is never sent")
+                break
+            # at one instant: the devices' steps first, then arrivals, then every send that
+            # can leave, started together (the rates are filled once)
+            if t_rank <= min(t_net, t_send):
+                r = min(movable, key=lambda k: (t[k], k))
+                if t[r] > net.now:
+                    arrive(net.advance(t[r]))
+                # run r on while nothing can happen before its next step: its steps read
+                # only blocks already there, and a send it posts bounds it from then on
+                bound = min(t_net, t_send)
+                while step(r):
+                    s = self.steps[r][pc[r] - 1]
+                    if s.kind == "send":
+                        bound = min(bound, t[r])
+                    if pc[r] == len(self.steps[r]) or t[r] > bound:
+                        break
+            elif t_net <= t_send:
+                arrive(net.advance(t_net))
+            else:
+                arrive(net.advance(t_send))
+                issue(t_send)
+        return self._end(t, ready)
+
+
+def replay_time(ex: Exchange, topology) -> float:
+    """Seconds `ex` takes run as its programs (module docstring)."""
+    if not ex:
+        return 0.0
+    rp = _Replay(ex, topology)
+    rp.build()
+    return rp.run()
+
