@@ -51,7 +51,7 @@ def _weights_and_compute(g, plan, steady_state: bool) -> tuple[float, float]:
     from einsummable.planning.cost import compute_cost, consumer_needs
     from einsummable.planning.exchange import synthesize
     from einsummable.planning.placement import output_layout
-    from einsummable.planning.timing import exchange_time, stitch_time
+    from einsummable.planning.timing import exchange_parts
     topo = plan.topology
     opts = Options("sharded", steady_state)
     model = build_model(g, topo, opts, fixed_nodes(g, topo, opts, plan.chosen))
@@ -63,8 +63,9 @@ def _weights_and_compute(g, plan, steady_state: bool) -> tuple[float, float]:
         src, dst = model.nodes[e.src], model.nodes[e.dst]
         ex = synthesize(g.tensor(e.tensor), output_layout(src.op, src.cands[0]),
                         consumer_needs(dst.op, dst.cands[0], e.tensor), src.op.agg, topo)
-        w += exchange_time(ex, topo) - stitch_time(ex, topo)
-        c += stitch_time(ex, topo)
+        seconds, local = exchange_parts(ex, topo)
+        w += seconds - local
+        c += local
     return w, c
 
 

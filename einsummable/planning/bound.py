@@ -22,6 +22,12 @@ at least latency + (crossing bytes) / sum_K b_k. Summed over rounds:
 
 Folds, stitching copies and extra rounds only add to it. The bound is the largest over X.
 
+Where exchanges are timed by replaying their programs (`timing.replays`: GPU fabrics), a
+reader's copies of its own parts run while the transfers are in flight, so they need not
+add to the wire time: there the bound is the wire bound alone and its local part 0 (the
+exact local part, what the copies add to the end, may be 0 too). Elsewhere the copies come
+after the last round and the bound adds the stitching bound.
+
 `exchange_lower_bound` states it for one cell; `matrix_bounds` gives the same floats for a
 whole edge matrix at once, as sums of matrix products over numbered boxes (a two-node model
 has tens of thousands of cells: 0.7 s in one process where cell by cell took 9 s).
@@ -37,6 +43,7 @@ import numpy as np
 from ..core.geometry import Region, intersect, subtract, volume
 from ..frontend.ir import DTYPE_BYTES
 from .placement import Piece
+from .timing import replays
 
 Needs = Sequence[tuple[Region, int]]
 
@@ -135,9 +142,18 @@ def _memo(topology, key: str, make):
 
 
 def min_latency(topology) -> float:
-    """The one latency `wire_bound` adds to a positive bound (the least of any link)."""
+    """The least latency of any link."""
     return _memo(topology, "exchange-bound-latency",
                  lambda: min((l.latency_s for l in topology.links), default=0.0))
+
+
+def min_start(topology) -> float:
+    """What `wire_bound` adds to a positive bound: the least link latency (the last byte still
+    has to arrive) and, where exchanges are replayed as programs, the least kernel launch (no
+    byte leaves before its sender's p2p batch is launched)."""
+    launch = min((d.launch_s for d in topology.devices), default=0.0) if replays(topology) \
+        else 0.0
+    return min_latency(topology) + launch
 
 
 def held_per_cut(produced: Sequence[Piece], topology) -> tuple[tuple[Region, ...], ...]:
@@ -179,7 +195,7 @@ def wire_bound(held: Sequence[tuple[Region, ...]], needed: Sequence[tuple[Region
             missing = uncovered_volume(q, h)
             if missing:
                 best = max(best, missing * elem_bytes / cap)
-    return best + min_latency(topology) if best else 0.0
+    return best + min_start(topology) if best else 0.0
 
 
 @lru_cache(maxsize=1 << 16)
@@ -230,6 +246,8 @@ def exchange_lower_bound(dtype: str, produced: Sequence[Piece], needs: Needs,
     held, needed = held_per_cut(produced, topology), needed_per_cut(needs, topology)
     elem = DTYPE_BYTES[dtype]
     n_slices = produced[0].n_slices if produced else 1
+    if replays(topology):  # the copies may overlap the transfers (module docstring)
+        return wire_bound(held, needed, elem, topology), 0.0
     local = stitch_bound(held, needed, elem, n_slices, topology)
     return wire_bound(held, needed, elem, topology) + local, local
 
@@ -266,7 +284,9 @@ def matrix_bounds(layouts: Sequence[Sequence[Piece]], needs: Sequence[Needs], el
             cost = np.where(count > 0, count * dev.launch_s + 2 * vol * elem_bytes / dev.mem_bw,
                             0.0)
             local = np.maximum(local, np.where(full[:, None], cost, 0.0))
-    wire = np.where(wire > 0, wire + min_latency(topology), 0.0)
+    wire = np.where(wire > 0, wire + min_start(topology), 0.0)
+    if replays(topology):  # the copies may overlap the transfers (module docstring)
+        local = np.zeros((R, S))
     total = wire + local
     return tuple(tuple(zip(map(float, t), map(float, l))) for t, l in zip(total, local))
 

@@ -34,7 +34,7 @@ from .exchange import synthesize
 from .kernel_time import kernel_time
 from .placement import Candidate, Piece, input_needs, one_device_choice
 from .spec import tuples
-from .timing import exchange_time, stitch_time
+from .timing import exchange_parts, exchange_time
 from .transfers import MODES
 
 DEFAULT_FLOP_EFFICIENCY = 1.0
@@ -157,8 +157,8 @@ def exchange_cost(key: tuple, topology, mode: str) -> EdgeCost:
                          mode=mode)
     if not ex:
         return ZERO_EDGE
-    return EdgeCost(exchange_time(ex, topology), ex.nbytes, ex.n_rounds,
-                    stitch_time(ex, topology),
+    seconds, local = exchange_parts(ex, topology)
+    return EdgeCost(seconds, ex.nbytes, ex.n_rounds, local,
                     exchange_time(ex, topology, batched=True)
                     if topology.charges_per_message else None)
 

@@ -11,6 +11,7 @@ after its last byte leaves.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -64,16 +65,24 @@ class Network:
 
     @staticmethod
     def _fill(flows: list["Flow"], cap: dict[str, float]) -> None:
-        # Counts of unfrozen flows per resource are kept up to date, so a step costs one pass
-        # over the resources that still carry unfrozen flows.
+        # The next resource to fill up is the one of least share cap / unfrozen flows; a heap
+        # keeps the shares, an entry going stale when its resource's figures change (shares
+        # only grow as flows freeze: what a frozen flow takes is at most the share of each
+        # resource it crosses). Ties go to the smaller resource name, as a plain min would.
         users: dict[str, list[Flow]] = {}
         for f in flows:
             for res, _ in f.resources:
                 users.setdefault(res, []).append(f)
         free = set(map(id, flows))
         count = {r: len(fl) for r, fl in users.items()}
+        version = dict.fromkeys(count, 0)
+        heap = [(max(cap[r], 0.0) / n, r, 0) for r, n in count.items()]
+        heapq.heapify(heap)
         while free:
-            share, res = min((max(cap[r], 0.0) / n, r) for r, n in count.items())
+            share, res, v = heapq.heappop(heap)
+            if res not in count or version[res] != v:
+                continue  # stale
+            changed = set()
             for f in users.pop(res):
                 if id(f) in free:
                     f.rate = share
@@ -83,9 +92,14 @@ class Network:
                         n = count[r] - 1
                         if n:
                             count[r] = n
+                            changed.add(r)
                         else:
                             del count[r]
             count.pop(res, None)
+            for r in changed:
+                if r in count:
+                    version[r] += 1
+                    heapq.heappush(heap, (max(cap[r], 0.0) / count[r], r, version[r]))
 
     def load(self, device: int, at: float, queued: float = 0.0) -> tuple[float, float]:
         """The bytes/s R that running flows move to or from `device`, and how long after `at`

@@ -23,8 +23,10 @@ it (checked against it in `tests/test_replay.py`):
     kernels   a reduce waits for its inputs, then takes launch + (inputs + 1) bytes / memory
               rate; the first Send/Recv after a kernel (or at the start) opens a p2p batch:
               one launch
-    end       per device, when its part and the blocks it reads are done, plus its stitching
-              copies (`Exchange.copies`); the exchange ends with the last device
+    end       per device, when its part and the blocks it holds are done; its stitching
+              copies (`Exchange.copies`) of own parts start when its part is done, the others
+              when the received parts they read are there; the exchange ends with the last
+              device. The copies' share is what they add to that end (`replay_parts`)
 
 Contention is left to the callers (the objective's κ, the simulator per kernel), as before.
 Transports that charge per message (gloo ranks) pack a batch's blocks into one message
@@ -132,7 +134,7 @@ class _Replay:
                 self.held[r.device].append((r.region, r.out, out))
                 self.finals[r.device].append((out, r.region))
 
-    def one_shot(self) -> float | None:
+    def one_shot(self) -> tuple[float, float] | None:
         """The common case without the event loop: every send reads a producer piece and no
         device reduces, so nothing a device does waits on the network; each device posts its
         sends in order (a launch for its batch, a pack before each strided one) and the
@@ -162,33 +164,36 @@ class _Replay:
         net.advance(math.inf)
         return self._end(t, {("tag", tg): at for tg, at in net.arrived.items()})
 
-    def _end(self, t: list[float], ready: dict) -> float:
-        """When the last device is done: per device, the blocks it holds are there, its
-        stitching copies of own parts ran as soon as its part of the program did (they wait
-        for nothing), and the other copies once the received parts they read arrived."""
+    def _end(self, t: list[float], ready: dict) -> tuple[float, float]:
+        """(When the last device is done, when it would be without the stitching copies): per
+        device, the blocks it holds are there, its copies of own parts ran as soon as its
+        part of the program did (they wait for nothing), and the other copies once the
+        received parts they read arrived. Copies touch no link, so both ends come from one
+        run."""
         devices = self.topology.devices
         total = {d: (b, k) for d, b, k in self.ex.copies}
         early = {d: (b, k) for d, b, k in self.ex.early}
         copied: dict[int, list[Region]] = {}
         for d, reg in self.ex.copied:
             copied.setdefault(d, []).append(reg)
-        end = 0.0
+        end = wire = 0.0
         for d in range(len(self.steps)):
             if not self.steps[d] and d not in total:
                 continue
             dev = devices[d]
             eb, ek = early.get(d, (0, 0))
             tb, tk = total.get(d, (0, 0))
-            first = t[d] + (copy_s(dev, 2 * eb, ek) if ek else 0.0)
             held = [ready[k] for k, _ in self.finals[d]]
+            wire = max([wire, t[d]] + held)
+            first = t[d] + (copy_s(dev, 2 * eb, ek) if ek else 0.0)
             if tk > ek:
                 read = [ready[k] for k, reg in self.finals[d]
                         if any(intersect(reg, c) is not None for c in copied.get(d, ()))]
                 first = max([first] + read) + copy_s(dev, 2 * (tb - eb), tk - ek)
             end = max([end, first] + held)
-        return end
+        return end, wire
 
-    def run(self) -> float:
+    def run(self) -> tuple[float, float]:
         quick = self.one_shot()
         if quick is not None:
             return quick
@@ -276,9 +281,14 @@ class _Replay:
 
 def replay_time(ex: Exchange, topology) -> float:
     """Seconds `ex` takes run as its programs (module docstring)."""
+    return replay_parts(ex, topology)[0]
+
+
+def replay_parts(ex: Exchange, topology) -> tuple[float, float]:
+    """(seconds, the seconds without the readers' stitching copies): the copies' own share
+    of the time is the difference (they overlap the transfers where they can)."""
     if not ex:
-        return 0.0
+        return 0.0, 0.0
     rp = _Replay(ex, topology)
     rp.build()
     return rp.run()
-

@@ -1,6 +1,11 @@
 """Exchange time: the seconds an exchange program takes on a topology.
 
-*Time* (`exchange_time`): rounds run one after another. In a round a resource carrying L bytes
+Where the transport neither charges per message nor loses host time when messages cross
+(GPU fabrics), `exchange_time` replays the exchange's programs by the simulator's rules
+(`replay.py`). Elsewhere (gloo ranks, whose batches lowering packs into one message per peer)
+it is the round model:
+
+*Round model* (`_round_time`): rounds run one after another. In a round a resource carrying L bytes
 at bandwidth b is busy L / b; a transfer of B bytes over hops h with bandwidths b_h takes the
 latencies of its hops, plus the longest busy time on its route, plus sum_h B / b_h - max_h
 B / b_h (store and forward: a relay receives a message whole before sending it on, as the
@@ -21,7 +26,7 @@ from __future__ import annotations
 import math
 
 from .kernel_time import copy_s, memory_s
-from .replay import replay_time
+from .replay import replay_parts
 from .transfers import Exchange
 
 
@@ -71,6 +76,42 @@ def link_resources(link) -> tuple[tuple[str, float], ...]:
 
 
 def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
+    """Seconds `ex` takes on `topology`: its programs replayed (`replay.py`) where the
+    topology `replays`, else the round model below."""
+    return exchange_parts(ex, topology, batched)[0]
+
+
+def exchange_parts(ex: Exchange, topology, batched: bool = False) -> tuple[float, float]:
+    """(seconds, local seconds): the exchange's time and the share of it the readers' stitching
+    copies take (device work, not link time). Replayed, the copies overlap the transfers
+    where they can and their share is what they add to the end; in the round model they come
+    after the last round (`stitch_time`)."""
+    if not ex:
+        return 0.0, 0.0
+    if replays(topology):
+        seconds, wire = _replayed(ex, topology)
+        return seconds, seconds - wire
+    return _round_time(ex, topology, batched), stitch_time(ex, topology)
+
+
+# Exchanges whose replay is kept for the next ask: synthesis times the rail-spread and plain
+# programs to keep the faster, and pricing then times the one kept again.
+_RECENT = 4
+
+
+def _replayed(ex: Exchange, topology) -> tuple[float, float]:
+    cache = getattr(topology, "_cache", None)
+    recent = cache.setdefault("replayed", []) if isinstance(cache, dict) else []
+    for seen, parts in recent:
+        if seen is ex:
+            return parts
+    parts = replay_parts(ex, topology)
+    recent.append((ex, parts))
+    del recent[:-_RECENT]
+    return parts
+
+
+def _round_time(ex: Exchange, topology, batched: bool = False) -> float:
     """Seconds under the round model of the module docstring: per round, every resource (link
     medium or device port) carrying L bytes at bandwidth b is busy L / b; a route takes its
     latency plus its busiest resource's time plus its message's store-and-forward wait at
@@ -81,14 +122,6 @@ def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     `batched`: the seconds this exchange adds to a batch that others share, whose route
     latencies and per-message host work are paid once for all (the weights lowering sends in
     one batch, `Topology.charges_per_message`): the same sum without those two terms."""
-    if not ex:
-        return 0.0
-    if replays(topology):
-        return replay_time(ex, topology)
-    return _round_time(ex, topology, batched)
-
-
-def _round_time(ex: Exchange, topology, batched: bool = False) -> float:
     memo = _route_memo(topology)
     by_round: dict[int, dict[tuple[int, ...], int]] = {}
     load: dict[int, dict[str, float]] = {}
