@@ -9,7 +9,8 @@ Sections:
 - random programs: `random_graph` (graphs for lowering and executors), `random_choice`,
   `inputs_for`, and for the optimizer `small_random_graph`, `truncate_candidates`;
 - fixed workloads: `mlp`, `llama_tiny`, `module_inputs`, `split_plan`, `named_plans`;
-- topologies: `WORLD_SIZES`, `TOPOS` (one per world size), `TOPOLOGIES` (the optimizer's set);
+- topologies: `WORLD_SIZES`, `TOPOS` (one per world size), `TOPOLOGIES` (the optimizer's set),
+  `ring4` (four devices on a ring of slow links, so two of them talk through a relay);
 - `CollectiveProbe`: a block that calls a torch.distributed collective where a rank uses it.
 """
 from __future__ import annotations
@@ -270,3 +271,17 @@ class CollectiveProbe:
 
 def probe_blocks(blocks: Mapping) -> dict:
     return {k: CollectiveProbe(v) for k, v in blocks.items()}
+
+
+def ring4():
+    """Devices 0-1-2-3-0 on a ring of 100 MB/s links with 10 us latency (launch 1 us): 0
+    reaches 2 only through a relay (1 or 3)."""
+    from einsummable.topology import read_topology
+    return read_topology({
+        "name": "ring4",
+        "device_types": {"cpu": {"peak_flops": {"float16": 1e9, "bfloat16": 1e9,
+                                                "float32": 1e9},
+                                 "mem_bw": 1e10, "mem_bytes": 1e9, "launch": 1e-6}},
+        "nodes": {"count": 1, "devices_per_node": 4, "device_type": "cpu"},
+        "links": [{"kind": "nvlink", "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]], "bw": 1e8,
+                   "latency": 1e-5}]}, "ring4")

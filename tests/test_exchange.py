@@ -218,15 +218,8 @@ def test_a_relayed_block_waits_whole_at_the_relay():
     # sender's batch launch (1 us; the relay's batch opens at once, its forward waits).
     from einsummable.planning.placement import Piece
     from einsummable.frontend.ir import TensorInfo
-    from einsummable.topology import read_topology
-    ring = read_topology({
-        "name": "ring4",
-        "device_types": {"cpu": {"peak_flops": {"float16": 1e9, "bfloat16": 1e9,
-                                                "float32": 1e9},
-                                 "mem_bw": 1e10, "mem_bytes": 1e9, "launch": 1e-6}},
-        "nodes": {"count": 1, "devices_per_node": 4, "device_type": "cpu"},
-        "links": [{"kind": "nvlink", "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]], "bw": 1e8,
-                   "latency": 1e-5}]}, "ring4")
+    from helpers import ring4
+    ring = ring4()
     info = TensorInfo("t", (64, 64))  # 16384 bytes of fp32
     whole = ((0, 64), (0, 64))
     ex = synthesize(info, [Piece(whole, 0, 0, 1)], [(whole, 2)], None, ring)

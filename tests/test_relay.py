@@ -13,20 +13,8 @@ from einsummable.frontend.builder import Builder
 from einsummable.frontend.reference import evaluate
 from einsummable.frontend.scalar import arg
 from einsummable.planning.placement import INPUT_PREFIX, input_op, place
-from einsummable.topology import read_topology
 
-from helpers import inputs_for, rel_err
-
-# Four CPU devices on a ring: 0-1-2-3-0 linked, so 0 reaches 2 only through 1 or 3.
-RING = {
-    "name": "ring4",
-    "device_types": {"cpu": {"peak_flops": {"float16": 1e9, "bfloat16": 1e9, "float32": 1e9},
-                             "mem_bw": 1e10, "mem_bytes": 1e9, "launch": 1e-6}},
-    "nodes": {"count": 1, "devices_per_node": 4, "device_type": "cpu"},
-    "links": [{"kind": "nvlink", "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]], "bw": 1e8,
-               "latency": 1e-5}],
-}
-
+from helpers import inputs_for, rel_err, ring4
 
 def _relayed_plan():
     """x lives on device 0; y = 2x is computed on device 2 (x crosses 0 -> 1 -> 2), and
@@ -37,7 +25,7 @@ def _relayed_plan():
     y = b.map(arg(0) * 2.0, x)
     w = b.map(arg(0) * arg(0), z)
     g = b.build([y, w])
-    topo = read_topology(RING, "ring4")
+    topo = ring4()
     ops = {op.output: op for op in g.ops}
     choice = {INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {}, [0]),
               INPUT_PREFIX + "z": place(input_op(g.tensor("z")), {}, [1]),

@@ -21,6 +21,8 @@ from einsummable.planning.replay import replay_time
 from einsummable.planning.timing import exchange_time, replays
 from einsummable.topology import load_topology, synthetic
 
+from helpers import ring4
+
 # Residuals seen (2026-12-06, llama-7b cells): the median within 0.01%, every cell within 6.3%
 # (a receive that lowering lands in place where the synthesis counted a copy).
 EACH = 0.08
@@ -64,7 +66,7 @@ def test_a_later_round_does_not_wait_for_a_relay():
     # On the ring 0-1-2-3, device 0's block goes to 2 through a relay (two hops) in round 0,
     # while device 1's own block reaches 0 straight. A round barrier would make the
     # exchange last as long as the relay plus the next round; the programs have no barrier.
-    ring = _ring()
+    ring = ring4()
     info = TensorInfo("t", (64, 64))  # 16384 bytes of fp32
     top, bottom = ((0, 32), (0, 64)), ((32, 64), (0, 64))
     pieces = [Piece(top, 0, 0, 1), Piece(bottom, 1, 0, 1)]
@@ -81,14 +83,3 @@ def test_gloo_ranks_keep_the_round_model():
     # replay does not model: there exchange_time is the round model.
     assert not replays(load_topology("cpu2"))
 
-
-def _ring():
-    from einsummable.topology import read_topology
-    return read_topology({
-        "name": "ring4",
-        "device_types": {"cpu": {"peak_flops": {"float16": 1e9, "bfloat16": 1e9,
-                                                "float32": 1e9},
-                                 "mem_bw": 1e10, "mem_bytes": 1e9, "launch": 1e-6}},
-        "nodes": {"count": 1, "devices_per_node": 4, "device_type": "cpu"},
-        "links": [{"kind": "nvlink", "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]], "bw": 1e8,
-                   "latency": 1e-5}]}, "ring4")
