@@ -134,6 +134,12 @@ class _Replay:
                 self.held[r.device].append((r.region, r.out, out))
                 self.finals[r.device].append((out, r.region))
 
+    def flow(self, sender: int, send: _Step) -> Flow:
+        """A send's hop as one flow over its link and the ports it names."""
+        link = self.topology.link(sender, send.peer)
+        return Flow(send.tag, ((link.resource, link.bw),) + tuple(link.port_resources),
+                    link.latency_s, float(send.nbytes), ends=(sender, send.peer))
+
     def one_shot(self) -> tuple[float, float] | None:
         """The common case without the event loop: every send reads a producer piece and no
         device reduces, so nothing a device does waits on the network; each device posts its
@@ -153,10 +159,7 @@ class _Replay:
                 if s.kind == "send":
                     if s.pack:
                         t[a] += copy_s(dev, 2 * s.nbytes)
-                    link = topo.link(a, s.peer)
-                    posted.setdefault(t[a], []).append(
-                        Flow(s.tag, ((link.resource, link.bw),) + link.port_resources,
-                             link.latency_s, float(s.nbytes), ends=(a, s.peer)))
+                    posted.setdefault(t[a], []).append(self.flow(a, s))
         net = Network()
         for at in sorted(posted):
             net.advance(at)
@@ -218,11 +221,7 @@ class _Replay:
             flows = []
             for (a, _), ln in lines.items():
                 while ln and ln[0][0].key in ready and max(ln[0][1], ready[ln[0][0].key]) <= now:
-                    s = ln.pop(0)[0]
-                    link = topo.link(a, s.peer)
-                    res = ((link.resource, link.bw),) + tuple(link.port_resources)
-                    flows.append(Flow(s.tag, res, link.latency_s, float(s.nbytes),
-                                      ends=(a, s.peer)))
+                    flows.append(self.flow(a, ln.pop(0)[0]))
             net.start_all(flows)
 
         def step(r: int) -> bool:
