@@ -228,7 +228,8 @@ def test_matrix_bounds_equal_the_bound_of_each_cell():
                          ids=lambda t: t.name)
 def test_lazy_bounds_never_exceed_the_exact_price(topo):
     # The optimizer solves on these bounds for unpriced cells; optimality needs bound <= price
-    # for the seconds and for the local (stitching) part, partial sums and replicas included.
+    # for the seconds, the local (stitching) part and the copies' device work, partial sums
+    # and replicas included.
     import random
     from einsummable.optimizer.pricing import EdgeMatrix
     g = _matmul(m=256, k=512, n=128)
@@ -244,6 +245,7 @@ def test_lazy_bounds_never_exceed_the_exact_price(topo):
             ex = m.exact(r, s)
             assert lo.seconds <= ex.seconds * (1 + 1e-12) + 1e-18
             assert lo.local_s <= ex.local_s * (1 + 1e-12) + 1e-18
+            assert lo.copy_s <= ex.copy_s * (1 + 1e-12) + 1e-18  # the copies' device work
             assert lo.seconds - lo.local_s <= (ex.seconds - ex.local_s) * (1 + 1e-12) + 1e-18
             assert lo.in_batch_s <= ex.in_batch_s * (1 + 1e-12) + 1e-18  # weights in one batch
             tight += ex.seconds > 0 and lo.seconds >= 0.5 * ex.seconds

@@ -11,7 +11,9 @@ time is modelled as
     C   compute: the candidates' kernel seconds
     W   weight exchanges: the edges out of "input:<weight>" nodes, which stream behind the
         compute (they cannot finish before their bytes have crossed); the copies that
-        stitch a gathered weight together are device work and count in C, and so does the
+        stitch a gathered weight together are device work and count in C in full
+        (`EdgeCost.copy_s`: overlapping the wire does not take them off the device's
+        stream, where the compute runs), and so does the
         compute the stream takes while it runs: κ W (`planning/kernel_time.py`,
         contention_share; per kernel, the simulator's rule gives this where W <= C).
         Where the transport charges per message, lowering sends every weight in one batch,
@@ -65,7 +67,7 @@ def split(model: Model, choice: Mapping[str, int]) -> Split:
         x = e.cost(choice[e.src], choice[e.dst])
         if is_weight_edge(model, e):
             w += x.in_batch_s - x.local_s
-            c += x.local_s + model.contention * (x.in_batch_s - x.local_s)
+            c += x.copy_s + model.contention * (x.in_batch_s - x.local_s)
         else:
             a += x.seconds
     return Split(a, c, w)
@@ -90,7 +92,7 @@ def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, 
     share of the compute while it runs (C)."""
     if is_weight_edge(model, e):
         wire = x.in_batch_s - x.local_s
-        return 0.0, (x.local_s + model.contention * wire, wire)
+        return 0.0, (x.copy_s + model.contention * wire, wire)
     return x.seconds, None
 
 

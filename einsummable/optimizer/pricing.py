@@ -184,9 +184,9 @@ class EdgeMatrix:
         self._bounds: tuple | None = None
 
     @property
-    def bounds(self) -> tuple[tuple[tuple[float, float], ...], ...]:
-        """Per cell (seconds, local seconds), never above the exact EdgeCost's (`bound.py`);
-        computed on first use."""
+    def bounds(self) -> tuple[tuple[tuple[float, float, float], ...], ...]:
+        """Per cell (seconds, local seconds, copy seconds), never above the exact EdgeCost's
+        (`bound.py`); computed on first use."""
         if self._bounds is None:
             self._bounds = matrix_bounds(*self._spec, self.pricer.topology)
         return self._bounds
@@ -208,12 +208,12 @@ class EdgeMatrix:
         hit = self.pricer.known_short(self.short(r, s))
         if hit is not None:
             return hit
-        seconds, local = self.bounds[r][s]
+        seconds, local, copy = self.bounds[r][s]
         if not self._batched:
-            return EdgeCost(seconds, 0, 0, local)
+            return EdgeCost(seconds, 0, 0, local, copy_s=copy)
         # the wire bound less its one latency is a bound on the batched wire seconds
         wire = seconds - local
-        return EdgeCost(seconds, 0, 0, local, max(0.0, wire - self._latency) + local)
+        return EdgeCost(seconds, 0, 0, local, max(0.0, wire - self._latency) + local, copy)
 
     def estimates(self) -> tuple[tuple[EdgeCost, ...], ...]:
         R, S = self.shape

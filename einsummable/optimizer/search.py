@@ -67,9 +67,9 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
         R, S = e.matrix.shape
         for r in range(R):
             for s_ in range(S):
-                seconds, local = e.matrix.bounds[r][s_]
+                seconds, local, copy = e.matrix.bounds[r][s_]
                 if weight:
-                    lb = max(floor + local, e.matrix.estimate(r, s_).in_batch_s - local)
+                    lb = max(floor + copy, e.matrix.estimate(r, s_).in_batch_s - local)
                 else:
                     lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):

@@ -26,7 +26,9 @@ Where exchanges are timed by replaying their programs (`timing.replays`: GPU fab
 reader's copies of its own parts run while the transfers are in flight, so they need not
 add to the wire time: there the bound is the wire bound alone and its local part 0 (the
 exact local part, what the copies add to the end, may be 0 too). Elsewhere the copies come
-after the last round and the bound adds the stitching bound.
+after the last round and the bound adds the stitching bound. Either way the copies are
+device work on the reader's stream: the stitching bound is also returned alone as a bound on
+that work (`EdgeCost.copy_s`), which a weight stream streamed behind compute adds to it.
 
 `exchange_lower_bound` states it for one cell; `matrix_bounds` gives the same floats for a
 whole edge matrix at once, as sums of matrix products over numbered boxes (a two-node model
@@ -240,22 +242,23 @@ def _singletons(topology) -> tuple[int, ...]:
 
 
 def exchange_lower_bound(dtype: str, produced: Sequence[Piece], needs: Needs,
-                         topology) -> tuple[float, float]:
-    """(seconds, local seconds) no exchange from `produced` to `needs` can beat: the rounds'
-    bound plus the stitching bound, and the stitching bound alone."""
+                         topology) -> tuple[float, float, float]:
+    """(seconds, local seconds, copy seconds) no exchange from `produced` to `needs` can beat:
+    the rounds' bound plus the stitching bound where the copies follow the last round, that
+    share of it, and the stitching bound (the copies' device work, overlapped or not)."""
     held, needed = held_per_cut(produced, topology), needed_per_cut(needs, topology)
     elem = DTYPE_BYTES[dtype]
     n_slices = produced[0].n_slices if produced else 1
+    copy = stitch_bound(held, needed, elem, n_slices, topology)
     if replays(topology):  # the copies may overlap the transfers (module docstring)
-        return wire_bound(held, needed, elem, topology), 0.0
-    local = stitch_bound(held, needed, elem, n_slices, topology)
-    return wire_bound(held, needed, elem, topology) + local, local
+        return wire_bound(held, needed, elem, topology), 0.0, copy
+    return wire_bound(held, needed, elem, topology) + copy, copy, copy
 
 
 # --------------------------------------------------------------------------- one matrix at once
 
 def matrix_bounds(layouts: Sequence[Sequence[Piece]], needs: Sequence[Needs], elem_bytes: int,
-                  topology) -> tuple[tuple[tuple[float, float], ...], ...]:
+                  topology) -> tuple[tuple[tuple[float, float, float], ...], ...]:
     """`exchange_lower_bound` of every (layout, needs) cell, row by row, to the same floats,
     for a whole edge matrix at once (the optimizer bounds tens of thousands of cells before
     its first solve). Per cut set the held and needed boxes are numbered once (`_CutBoxes`);
@@ -285,10 +288,12 @@ def matrix_bounds(layouts: Sequence[Sequence[Piece]], needs: Sequence[Needs], el
                             0.0)
             local = np.maximum(local, np.where(full[:, None], cost, 0.0))
     wire = np.where(wire > 0, wire + min_start(topology), 0.0)
+    copy = local
     if replays(topology):  # the copies may overlap the transfers (module docstring)
         local = np.zeros((R, S))
     total = wire + local
-    return tuple(tuple(zip(map(float, t), map(float, l))) for t, l in zip(total, local))
+    return tuple(tuple(zip(map(float, t), map(float, l), map(float, c)))
+                 for t, l, c in zip(total, local, copy))
 
 
 def _numbered(groups: Sequence[tuple[Region, ...]]) -> tuple[np.ndarray, np.ndarray]:

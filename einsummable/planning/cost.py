@@ -34,7 +34,7 @@ from .exchange import synthesize
 from .kernel_time import kernel_time
 from .placement import Candidate, Piece, input_needs, one_device_choice
 from .spec import tuples
-from .timing import exchange_parts, exchange_time
+from .timing import exchange_parts, exchange_time, stitch_time
 from .transfers import MODES
 
 DEFAULT_FLOP_EFFICIENCY = 1.0
@@ -87,15 +87,19 @@ class ComputeCost:
 
 @dataclass(frozen=True)
 class EdgeCost:
-    """`seconds` in all; `local_s` of it is the readers' stitching copies (device work).
-    `batched_s`: the seconds it adds to a batch of exchanges that pays route latencies and
-    per-message host work once (`exchange_time(batched=True)`; where lowering sends every
-    weight in one batch); None where that is `seconds` itself."""
+    """`seconds` in all; `local_s` of it is what the readers' stitching copies add to the end
+    (all of their time where they follow the last round; replayed, only what the transfers
+    did not hide). `batched_s`: the seconds it adds to a batch of exchanges that pays route
+    latencies and per-message host work once (`exchange_time(batched=True)`; where lowering
+    sends every weight in one batch); None where that is `seconds` itself. `copy_s`: the
+    busiest reader's stitching copies as device work (`timing.stitch_time`), overlapped or
+    not: a weight streamed behind compute takes that much of its reader's compute stream."""
     seconds: float
     nbytes: int
     rounds: int
     local_s: float = 0.0
     batched_s: float | None = None
+    copy_s: float = 0.0
 
     @property
     def in_batch_s(self) -> float:
@@ -160,7 +164,8 @@ def exchange_cost(key: tuple, topology, mode: str) -> EdgeCost:
     seconds, local = exchange_parts(ex, topology)
     return EdgeCost(seconds, ex.nbytes, ex.n_rounds, local,
                     exchange_time(ex, topology, batched=True)
-                    if topology.charges_per_message else None)
+                    if topology.charges_per_message else None,
+                    stitch_time(ex, topology))
 
 
 def finished_needs(pieces: Sequence[Piece]) -> Needs:
