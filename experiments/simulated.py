@@ -31,6 +31,14 @@ all-gathers):
   nothing to hide its own gather behind: T = G + C + A. The gathers and A share the links,
   hence A outside the max.
 - ulysses and ring-attention keep ZeRO-3 weights, prefetched the same way.
+- Where the data-parallel layout must split the sequence too (fewer sequences than devices:
+  batch 4 on 8 GPUs), its attention is context-parallel, as PyTorch's context parallelism
+  runs it: ring attention inside each group of devices that share a batch block (`context
+  group`), the keys and values of that block passed round the group behind the attention
+  compute, by the ring rule below. Without it the split attention would read keys and values
+  it does not hold. The groups run at once, so the slowest decides; a tuned deployment puts
+  them where that is fastest (`best_groups`: node 0's devices split into groups every way,
+  each group costed on its own links), as it puts a TP group inside a node.
 - vllm-tp: vLLM's Megatron layout (column-parallel QKV and gate/up, row-parallel O and down:
   the megatron-tp plan), one all-reduce after attention and one after the MLP, each by vLLM's
   custom all-reduce where it applies (small messages, fully NVLinked single node) and NCCL
@@ -52,6 +60,7 @@ perfect split with free communication would cost in this model.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
@@ -74,10 +83,11 @@ from .collectives import (
 NAMED_LAYOUT = {"pytorch-tp": "megatron-tp", "pytorch-tp-sp": "megatron-tp-sp",
                 "vllm-tp": "megatron-tp", "data-parallel": "data-parallel",
                 "ulysses": "ulysses", "ring-attention": "fsdp"}
-# Systems whose attention moves keys and values around a ring behind the attention compute.
-RING_SYSTEMS = ("ring-attention",)
 # Systems whose collectives run inside the tensor-parallel group (one node).
 TP_SYSTEMS = ("pytorch-tp", "pytorch-tp-sp", "vllm-tp")
+# Context groups are placed by trying every split of a node into groups up to this many
+# devices (a node of 8 splits into pairs 105 ways; of 16, two million).
+MAX_SPLIT_DEVICES = 8
 # The name of FSDP's one all-gather per block (its flat parameter: every weight of the unit).
 FLAT_PARAMETER = "flat parameter"
 
@@ -88,6 +98,7 @@ class Collective:
     tensor: str
     nbytes: int
     weight: bool = False  # a weight all-gather (prefetched behind compute)
+    group: tuple[int, ...] = ()  # the devices of one group it runs in (): the system's fabric
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,8 @@ def partial_sum_outputs(graph: Graph, choice) -> list[str]:
     return out
 
 
-def collectives_for(system: str, graph: Graph, choice, weights: str) -> tuple[Collective, ...]:
+def collectives_for(system: str, graph: Graph, choice, weights: str,
+                    topology) -> tuple[Collective, ...]:
     size = lambda t: graph.tensor(t).nbytes
     if system in ("pytorch-tp", "vllm-tp"):
         return tuple(Collective("all_reduce", t, size(t)) for t in partial_sum_outputs(graph, choice))
@@ -129,17 +141,85 @@ def collectives_for(system: str, graph: Graph, choice, weights: str) -> tuple[Co
                                Collective("all_gather", t, size(t))))
     if system == "data-parallel":  # FSDP: the block's weights are one flat parameter
         total = sum(w.nbytes for w in graph.weights)
-        return (Collective("all_gather", FLAT_PARAMETER, total, weight=True),) \
+        flat = (Collective("all_gather", FLAT_PARAMETER, total, weight=True),) \
             if weights == "sharded" and total else ()
+        return flat + context_passes(graph, choice, topology)
     gathers = tuple(Collective("all_gather", w.name, w.nbytes, weight=True)
                     for w in graph.weights) if weights == "sharded" else ()
     if system == "ulysses":
         ins, _, outs = attention_boundary(graph)
         return gathers + tuple(Collective("all_to_all", t, size(t)) for t in (*ins, *outs))
     if system == "ring-attention":
-        _, keys, _ = attention_boundary(graph)
-        return gathers + tuple(Collective("ring_pass", t, size(t)) for t in keys)
+        return gathers + context_passes(graph, choice, topology)
     return ()
+
+
+def context_group(graph: Graph, choice) -> tuple[tuple[int, ...], float]:
+    """(devices, share): the devices whose attention blocks cover the same batch and head
+    ranges as device 0's, the sequence split among them, and the share of a key tensor those
+    ranges hold; ((), 0) where no attention op splits a sequence mode."""
+    from einsummable.frontend.fuse import fuse
+    from einsummable.planning.candidates import roles
+    from einsummable.planning.spec import tuples
+    fused = fuse(graph)
+    mode_roles = roles(fused).modes
+    for op in _attention_ops(fused):
+        cand = choice.get(op.name)
+        if cand is None:
+            continue
+        role = mode_roles.get(op.name, {})
+        outside = [i for i, m in enumerate(op.modes) if role.get(m) != "seq"]
+        blocks = list(zip(tuples(op, cand.dec), cand.devices))
+        key = lambda t: tuple(t.ranges[i] for i in outside)  # noqa: E731
+        first = key(blocks[0][0])
+        group = tuple(d for t, devs in blocks if key(t) == first for d in devs)
+        if len(group) > 1:
+            share = 1.0
+            for i, (lo, hi) in zip(outside, first):
+                share *= (hi - lo) / op.size[op.modes[i]]
+            return group, share
+    return (), 0.0
+
+
+def best_groups(topology, size: int, layout_group: tuple[int, ...]) -> tuple[int, ...]:
+    """The group of `size` devices to cost the context passes on: of every split of node 0's
+    devices into groups of `size`, the one whose slowest group has the fastest ring (bus
+    bandwidth), and that slowest group; the layout's own group where the size does not
+    divide a node."""
+    node = tuple(topology.devices_in_node(topology.devices[0].node))
+    if len(node) % size or len(node) > MAX_SPLIT_DEVICES:
+        return layout_group
+    bus: dict[tuple[int, ...], float] = {}
+
+    def rate(group: tuple[int, ...]) -> float:
+        if group not in bus:
+            bus[group] = fabric(topology, group).bus_bw
+        return bus[group]
+
+    def splits(left: tuple[int, ...]):
+        if not left:
+            yield ()
+            return
+        head = left[0]
+        for rest in itertools.combinations(left[1:], size - 1):
+            group = (head,) + rest
+            for tail in splits(tuple(d for d in left if d not in group)):
+                yield (group,) + tail
+    best = max(splits(node), key=lambda gs: min(rate(g) for g in gs))
+    return min(best, key=rate)
+
+
+def context_passes(graph: Graph, choice, topology) -> tuple[Collective, ...]:
+    """Ring attention's passes of the keys and values round each context group (module
+    docstring): per key tensor, its group's share, inside the slowest group of the best
+    placement of the groups (`best_groups`)."""
+    group, share = context_group(graph, choice)
+    if not group:
+        return ()
+    group = best_groups(topology, len(group), group)
+    _, keys, _ = attention_boundary(graph)
+    return tuple(Collective("ring_pass", t, int(graph.tensor(t).nbytes * share), group=group)
+                 for t in keys)
 
 
 def attention_ops(graph: Graph) -> list:
@@ -195,13 +275,15 @@ def simulate_baseline(system: str, graph: Graph, topology, weights: str = "shard
                          f"{', '.join(NAMED_LAYOUT)}")
     plan = es_sys.named_plan(graph, topology, NAMED_LAYOUT[system])
     compute_s = max(es_sys.simulate(plan).compute_s)
-    colls = collectives_for(system, graph, plan.chosen, weights)
+    colls = collectives_for(system, graph, plan.chosen, weights, topology)
     fab = fabric(topology, tp_group(topology) if system in TP_SYSTEMS else None)
-    attention_s = attention_compute(graph, topology) if system in RING_SYSTEMS else 0.0
+    ringed = any(c.kind == "ring_pass" for c in colls)
+    attention_s = attention_compute(graph, topology) if ringed else 0.0
     mu = memory_bound_share(graph, topology)
     ring_share = contention_share(topology, mu)
-    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s, ring_share)
-    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s, ring_share)
+    fabs = {c.group: fabric(topology, c.group) for c in colls if c.group}
+    comm_s, gather_s, algos = _comm(system, colls, fab, rates, attention_s, ring_share, fabs)
+    peak_comm, peak_gather, _ = _comm(system, colls, fab, PEAK, attention_s, ring_share, fabs)
     time_s = _overlap(compute_s, comm_s, gather_s, steady_state,
                       gather_share(topology, mu, colls, gather_s))
     at_peak = _overlap(compute_s, peak_comm, peak_gather, steady_state,
@@ -231,8 +313,10 @@ def _overlap(compute_s: float, comm_s: float, gather_s: float, steady_state: boo
 
 
 def _comm(system: str, colls: tuple[Collective, ...], fab: Fabric, rates: Rates,
-          attention_s: float, share: float = 0.0) -> tuple[float, float, dict[str, int]]:
-    """(critical-path collective seconds, weight-gather seconds, algorithms used)."""
+          attention_s: float, share: float = 0.0, fabs: dict | None = None
+          ) -> tuple[float, float, dict[str, int]]:
+    """(critical-path collective seconds, weight-gather seconds, algorithms used); a
+    collective with a group runs on that group's fabric (`fabs`), the others on `fab`."""
     critical = gathers = ring = 0.0
     algos: dict[str, int] = {}
     for c in colls:
@@ -240,14 +324,14 @@ def _comm(system: str, colls: tuple[Collective, ...], fab: Fabric, rates: Rates,
             t, algo = vllm_all_reduce(c.nbytes, fab, rates)
             algos[algo] = algos.get(algo, 0) + 1
         else:
-            t = collective_time(c.kind, c.nbytes, fab, rates)
+            t = collective_time(c.kind, c.nbytes, (fabs or {}).get(c.group, fab), rates)
         if c.weight:
             gathers += t
         elif c.kind == "ring_pass":
             ring += t
         else:
             critical += t
-    if system in RING_SYSTEMS:
+    if ring:
         critical += max(0.0, ring - attention_s) + share * min(ring, attention_s)
     return critical, gathers, algos
 
@@ -271,6 +355,10 @@ def _note(system: str, compute_s: float, comm_s: float, gather_s: float,
         text += f"; weight all-gathers {ms(gather_s)} ms {how}"
     if system == "vllm-tp":
         text += "; vLLM's design (Megatron TP, custom all-reduce), not run"
+    passes = [c for c in colls if c.kind == "ring_pass" and c.group]
+    if passes and system == "data-parallel":
+        text += (f"; context-parallel attention (ring passes of keys and values inside "
+                 f"groups of {len(passes[0].group)} devices sharing a batch block)")
     return f"{text} ({what}; NCCL model: {fab.describe()})"
 
 

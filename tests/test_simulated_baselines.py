@@ -255,23 +255,54 @@ def test_fsdp_gathers_one_flat_parameter_prefetched_behind_compute(long_block):
     topo = load_topology("a100x8")
     gather = _ring_collective_s("all_gather", WEIGHT_BYTES)
     steady = simulated.simulate_baseline("data-parallel", fused, topo, steady_state=True)
+    # One sequence on 8 devices: the sequence is split, so the attention is context-parallel
+    # (ring attention round all 8, as the ring-attention baseline runs it).
     assert [(c.kind, c.nbytes, c.weight) for c in steady.collectives] == \
-        [("all_gather", WEIGHT_BYTES, True)]
-    assert steady.gather_s == pytest.approx(gather, rel=1e-9) and steady.comm_s == 0.0
+        [("all_gather", WEIGHT_BYTES, True)] + [("ring_pass", ACTIVATION_BYTES, False)] * 2
+    assert all(c.group == tuple(range(8)) for c in steady.collectives[1:])
+    ring = simulated.simulate_baseline("ring-attention", fused, topo)
+    assert steady.gather_s == pytest.approx(gather, rel=1e-9)
+    assert steady.comm_s == pytest.approx(ring.comm_s, rel=1e-12) and steady.comm_s > 0
+    assert "context-parallel" in steady.note
     # In a stack the next block's gather runs behind this block's compute, taking its share
     # of the compute's rate while it runs...
     kappa = simulated.gather_share(topo, memory_bound_share(fused, topo), steady.collectives,
                                    gather)
     assert 0.159 * 0.5 < kappa < 0.5
-    assert steady.time_s == pytest.approx(max(steady.compute_s + kappa * gather, gather),
-                                          rel=1e-12)
+    assert steady.time_s == pytest.approx(
+        max(steady.compute_s + kappa * gather, gather) + steady.comm_s, rel=1e-12)
     assert "prefetch" in steady.note
     # ...a block alone has nothing to hide its own gather behind.
     alone = simulated.simulate_baseline("data-parallel", fused, topo, steady_state=False)
-    assert alone.time_s == pytest.approx(alone.compute_s + gather, rel=1e-12)
-    # Replicated weights: no collective at all.
+    assert alone.time_s == pytest.approx(alone.compute_s + gather + alone.comm_s, rel=1e-12)
+    # Replicated weights: no weight collective, the context passes stay.
     free = simulated.simulate_baseline("data-parallel", fused, topo, weights="replicated")
-    assert free.collectives == () and free.time_s == free.compute_s
+    assert [c.kind for c in free.collectives] == ["ring_pass"] * 2
+    assert free.time_s == pytest.approx(free.compute_s + free.comm_s, rel=1e-12)
+
+
+def test_data_parallel_with_fewer_sequences_than_devices_passes_keys_in_pairs():
+    # Batch 4 on 8 devices: each sequence is split in two, so each pair of devices sharing a
+    # sequence passes its keys and values (a quarter of each tensor) round the pair. On the
+    # DGX-1 mesh the pairs go on doubled NVLinks (50 GB/s), as a tuned deployment puts them.
+    g = fuse(llama_block_graph(preset_config("llama-7b"), 4, 2048, "float16"))
+    for name, lanes in (("a100x8", None), ("dgx1-v100", 2)):
+        topo = load_topology(name)
+        base = simulated.simulate_baseline("data-parallel", g, topo)
+        passes = [c for c in base.collectives if c.kind == "ring_pass"]
+        assert len(passes) == 2
+        # 4 x 2048 tokens hold as many bytes as 8192; a pair holds one of the 4 sequences
+        assert all(c.nbytes == ACTIVATION_BYTES // 4 for c in passes)
+        assert all(len(c.group) == 2 for c in passes)
+        if lanes:
+            a, b = passes[0].group
+            assert topo.link(a, b).bw == lanes * 25e9
+        assert base.comm_s > 0
+    # no sequence split, no passes
+    whole = fuse(llama_block_graph(preset_config("llama-7b"), 8, 256, "float16"))
+    assert not [c for c in simulated.simulate_baseline("data-parallel", whole,
+                                                       load_topology("a100x8")).collectives
+                if c.kind == "ring_pass"]
 
 
 def test_vllm_tp_is_megatron_tp_with_its_own_all_reduce(long_block):
