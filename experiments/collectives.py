@@ -32,6 +32,8 @@ point-to-point exchanges are simulated at.
     reduce_scatter(B) =   (N−1)/N  · B / b +   (N−1) α    (B: the input bytes)
     ring_pass(B)      =   (N−1)/N  · B / b +   (N−1) α    (B: the whole tensor)
     all_to_all(B)     =   (N−1)/N² · B / b +   (N−1) α    (B: the whole tensor)
+    broadcast(B)      =             B / b +   (N−1) α    (pipelined down the ring; on
+                                                          several nodes the flat ring only)
 
 **Several nodes** (M nodes of L devices, one NIC per device at rate n, rail-optimised; α_n
 the network latency). NCCL takes the faster of its algorithms, so do we:
@@ -68,7 +70,7 @@ from dataclasses import dataclass
 
 from einsummable.topology import Topology
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ring_pass")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ring_pass", "broadcast")
 
 # nccl-tests all-reduce on 8 x A100 SXM over NVSwitch: bus bandwidth about 200-230 GB/s for
 # large messages against the 300 GB/s per direction of the datasheet (ANCHORS.md, "Realism";
@@ -351,7 +353,7 @@ def collective_time(kind: str, nbytes: float, fab: Fabric, rates: Rates = ACHIEV
     if n == 1 or nbytes == 0:
         return 0.0
     flat = _flat(kind, nbytes, fab, rates)
-    if len(fab.nodes) == 1:
+    if len(fab.nodes) == 1 or kind == "broadcast":  # NCCL broadcasts down its rings
         return flat
     return min(flat, _hierarchical(kind, nbytes, fab, rates))
 
@@ -367,6 +369,8 @@ def _flat(kind: str, nbytes: float, fab: Fabric, rates: Rates) -> float:
     if kind == "all_to_all" and fab.nic_bw is not None:
         return _all_to_all_nodes(nbytes, fab, rates)
     share = (n - 1) / n
+    if kind == "broadcast":  # pipelined down the ring: every device receives it all once
+        return nbytes / bw + (n - 1) * lat
     if kind == "all_reduce":
         return 2 * share * nbytes / bw + 2 * (n - 1) * lat
     if kind == "all_to_all":

@@ -450,7 +450,12 @@ def _table(cfg: dict, rows: list[Row], title: str, reference: str | None = None)
     return text
 
 
+def exchange_patterns(cfg: dict, stream=None) -> RunResult:
+    from . import patterns
+    return RunResult(*patterns.runner(cfg, stream))
+
+
 RUNNERS: dict[str, Callable[[dict, object], RunResult]] = {
     "blocks": blocks, "random_plans": random_plans, "exchange": exchange,
-    "matrix_chains": matrix_chains,
+    "matrix_chains": matrix_chains, "exchange_patterns": exchange_patterns,
 }

@@ -191,9 +191,9 @@ def test_square_matmul_chain_on_the_cube_mesh_is_not_split_three_ways(tmp_path):
     plan = optimize(g, "dgx1-v100", overlap=False, cache=tmp_path)
     assert plan.gap == pytest.approx(0.0, abs=1e-9)
     assert sum(n > 1 for _, n in plan.candidate("mm0").parts) <= 2
-    for name in ("megatron-tp", "fsdp"):
-        assert plan.objective_s < named_plan(g, "dgx1-v100", name,
-                                               overlap=False).objective_s
+    for name in ("megatron-tp", "fsdp"):  # megatron-tp's own split is one optimum now
+        assert plan.objective_s <= named_plan(g, "dgx1-v100", name,
+                                                overlap=False).objective_s * (1 + 1e-12)
     # the same plan with both matmuls split 2 x 2 x 2 (inputs where the optimum keeps them)
     cands = candidates(g, "dgx1-v100")
     three = dict(plan.choice)

@@ -156,7 +156,7 @@ def test_bad_input_is_a_clear_error():
         collectives.fabric(topo, (0, 9))
     fab = collectives.fabric(topo)
     with pytest.raises(ValueError, match="unknown collective"):
-        collectives.collective_time("broadcast", 1e6, fab)
+        collectives.collective_time("scatter", 1e6, fab)
     with pytest.raises(ValueError, match="negative"):
         collectives.collective_time("all_reduce", -1, fab)
     with pytest.raises(ValueError, match="achieved fraction"):

@@ -75,6 +75,7 @@ from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES, routes_for
 from .timing import exchange_time
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
+from .trees import tree_copy, worth_trees
 
 # --------------------------------------------------------------------------- synthesis
 
@@ -270,15 +271,34 @@ def _synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tup
                   if not any(contains(r, q) for r in local.get(d, ()))]
         if not remote:
             return EMPTY
-        b = _synthesis(info, produced, topology, mode, spread)
-        _copy(b, [(p.region, p.device, -1) for p in produced], remote)
-        return b.build()
+        return _copy_program(info, produced, topology, mode, spread,
+                             lambda b: ([(p.region, p.device, -1) for p in produced], remote))
+
+    def folded(b: _Synthesis):
+        full = _reduce_partials(b, produced, needs, n_slices)
+        return full, [(q, d) for q, d in needs
+                      if not any(dev == d and contains(r, q) for r, dev, _ in full)]
+    return _copy_program(info, produced, topology, mode, spread, folded)
+
+
+def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: str,
+                  spread: bool, prepare) -> Exchange:
+    """The copy step from the full sources `prepare(b)` gives (the producer's pieces, or the
+    folded partial sums) to the needs it gives: the plain program, and where a block has
+    several remote readers in the optimized mode, also the packed-tree program
+    (`trees.py`); the faster under `exchange_time` is kept."""
     b = _synthesis(info, produced, topology, mode, spread)
-    full = _reduce_partials(b, produced, needs, n_slices)
-    remote = [(q, d) for q, d in needs
-              if not any(dev == d and contains(r, q) for r, dev, _ in full)]
-    _copy(b, full, remote)
-    return b.build()
+    sources, remote = prepare(b)
+    trees = mode == "optimized" and not spread and worth_trees(sources, remote)
+    _copy(b, list(sources), remote)
+    plain = b.build()
+    if not trees:
+        return plain
+    t = _synthesis(info, produced, topology, mode, spread)
+    sources, remote = prepare(t)
+    tree_copy(t, sources, remote)
+    packed = t.build()
+    return packed if exchange_time(packed, topology) < exchange_time(plain, topology) else plain
 
 
 def _meets(a: Region, b: Region) -> bool:

@@ -16,10 +16,11 @@ it (checked against it in `tests/test_replay.py`):
               a strided one is packed, one copy kernel read and written, before it leaves);
               held blocks are the producer's pieces (`Exchange.sources`), then what arrives,
               relays keeping full blocks they pass on, and reduce outputs
-    sends     leave once their block is there, in program order per peer (a forward still
-              waiting for its block holds back later sends to that peer, no others), each hop
-              one flow on `network.Network` over its link and ports, usable `latency` after
-              its last byte leaves
+    sends     leave once their block is there, one per peer at a time in program order (the
+              next when the last byte of the one before has left; a forward still waiting
+              for its block holds back later sends to that peer, no others), each hop one
+              flow on `network.Network` over its link and ports, usable `latency` after its
+              last byte leaves
     kernels   a reduce waits for its inputs, then takes launch + (inputs + 1) bytes / memory
               rate; the first Send/Recv after a kernel (or at the start) opens a p2p batch:
               one launch
@@ -141,20 +142,24 @@ class _Replay:
                     link.latency_s, float(send.nbytes), ends=(sender, send.peer))
 
     def one_shot(self) -> tuple[float, float] | None:
-        """The common case without the event loop: every send reads a producer piece and no
-        device reduces, so nothing a device does waits on the network; each device posts its
-        sends in order (a launch for its batch, a pack before each strided one) and the
-        replay is the network draining them. None otherwise."""
+        """The common case without the event loop: every send reads a producer piece, no
+        device reduces and no device sends one peer twice, so nothing a device does waits
+        on the network or on its line; each device posts its sends in order (a launch for
+        its batch, a pack before each strided one) and the replay is the network draining
+        them. None otherwise."""
         topo = self.topology
         devices = topo.devices
         t = [0.0] * len(self.steps)
         posted: dict[float, list[Flow]] = {}
         for a, steps in enumerate(self.steps):
             dev = devices[a]
+            peers: set[int] = set()
             for s in steps:
                 if s.kind == "reduce" or any(k != ORIGIN for k in s.waits) or \
-                        (s.kind == "send" and s.key != ORIGIN):
+                        (s.kind == "send" and (s.key != ORIGIN or s.peer in peers)):
                     return None
+                if s.kind == "send":
+                    peers.add(s.peer)
                 t[a] += dev.launch_s if s.opens else 0.0
                 if s.kind == "send":
                     if s.pack:
@@ -208,20 +213,32 @@ class _Replay:
         t = [0.0] * n
         pc = [0] * n
         lines: dict[tuple[int, int], list[list]] = {}  # (sender, peer) -> [[step, posted at]]
+        busy: dict[int, tuple[int, int]] = {}  # tag on a line now -> that line
 
         def arrive(tags: list[int]) -> None:
             for tg in tags:
                 ready[("tag", tg)] = net.arrived[tg]
 
+        def done(tag: int) -> None:  # its last byte left: the line takes its next send
+            line = busy.pop(tag, None)
+            if line is not None and lines[line]:
+                lines[line][0][1] = max(lines[line][0][1], net.now)
+
+        net.on_done = done
+        free = lambda line: line not in busy.values()  # noqa: E731
+
         def next_send() -> float:
-            heads = [ln[0] for ln in lines.values() if ln and ln[0][0].key in ready]
+            heads = [ln[0] for line, ln in lines.items()
+                     if ln and ln[0][0].key in ready and free(line)]
             return min((max(p, ready[s.key]) for s, p in heads), default=math.inf)
 
         def issue(now: float) -> None:
             flows = []
-            for (a, _), ln in lines.items():
-                while ln and ln[0][0].key in ready and max(ln[0][1], ready[ln[0][0].key]) <= now:
-                    flows.append(self.flow(a, ln.pop(0)[0]))
+            for line, ln in lines.items():
+                if ln and ln[0][0].key in ready and max(ln[0][1], ready[ln[0][0].key]) <= now \
+                        and free(line):
+                    flows.append(self.flow(line[0], ln.pop(0)[0]))
+                    busy[flows[-1].tag] = line
             net.start_all(flows)
 
         def step(r: int) -> bool:

@@ -29,9 +29,14 @@ topology (for cpu4: measured by `einsummable calibrate`):
     pack      = launch + 2 · bytes / memory rate (several blocks for one peer as one message)
     unpack    = launch + 2 · bytes / memory rate of the parts it copies into place (views: free)
 
-Prefetch sends (weights, `Send.queue` > 0) leave in queue order, one queue number after
-another per rank (one stream), so the weights needed first arrive first; other sends start at
-once and take the bandwidth first (the prefetch stream has low priority and gets what they leave). A send and its receive are one transfer: one flow that loads its link and, where the link names
+A rank's sends to one peer go one at a time in program order (a line per peer: the next
+leaves when the last byte of the one before has left, as NCCL runs a pair's operations in
+order), so a relay can forward the first chunk of a block while the next arrives; the
+contention rule counts the bytes waiting on the lines as the prefetches queued. Prefetch sends
+(weights, `Send.queue` > 0) leave in queue order, one queue number after another per rank (one
+stream), so the weights needed first arrive first; other sends start at once and take the
+bandwidth first (the prefetch stream has low priority and gets what they leave). A send and
+its receive are one transfer: one flow that loads its link and, where the link names
 a port, the sender's egress and the receiver's ingress port (an NVSwitch GPU's 300 GB/s is its
 total to all peers). Rates are max-min fair over all of a flow's resources (progressive
 filling, recomputed at every start and end); a message is usable `latency` after its last byte
@@ -94,11 +99,15 @@ def _numel(shape) -> int:
 
 class _Outbox:
     """One rank's communication engine (`outbox.py` is the executor's): each send leaves once
-    its source is there, while the rank goes on computing; a send whose source is still
-    arriving (a relay's forward) holds up the later sends to its peer, and no others."""
+    its source is there, while the rank goes on computing, one send per peer at a time in
+    program order (a line per peer: the next leaves when the last byte of the one before has
+    left, as NCCL runs a pair's operations in order and the executor's line sends them); a
+    send whose source is still arriving (a relay's forward) holds up the later sends to its
+    peer, and no others."""
 
     def __init__(self) -> None:
         self.lines: dict[int, list[list]] = {}  # peer -> [queue, flow, waiting tags, ready at]
+        self.busy: dict[int, int] = {}  # peer -> tag of the send on its line now
 
     def post(self, peer: int, queue: int, flow: Flow, waiting: set[int],
              ready_at: float) -> None:
@@ -111,19 +120,35 @@ class _Outbox:
                     e[2].discard(tag)
                     e[3] = max(e[3], at)
 
+    def done(self, tag: int, at: float) -> None:
+        """The last byte of send `tag` left: its line takes the next send from `at`."""
+        for peer, busy in list(self.busy.items()):
+            if busy == tag:
+                del self.busy[peer]
+                for e in self.lines.get(peer, ())[:1]:
+                    e[3] = max(e[3], at)
+
     def next_ready(self) -> float:
         """When the next send can leave (inf: none can yet)."""
-        heads = [es[0] for es in self.lines.values() if es and not es[0][2]]
+        heads = [es[0] for p, es in self.lines.items()
+                 if es and not es[0][2] and p not in self.busy]
         return min((e[3] for e in heads), default=math.inf)
 
     def take(self, now: float) -> list[tuple[int, Flow]]:
-        """The sends that leave by `now`, peer by peer in program order."""
+        """The sends that leave by `now`, at most one per free line."""
         out = []
-        for entries in self.lines.values():
-            while entries and not entries[0][2] and entries[0][3] <= now:
+        for peer, entries in self.lines.items():
+            if entries and peer not in self.busy and not entries[0][2] \
+                    and entries[0][3] <= now:
                 queue, flow, _, _ = entries.pop(0)
+                self.busy[peer] = flow.tag
                 out.append((queue, flow))
         return out
+
+    def queued_bytes(self, device: int) -> float:
+        """Bytes of the sends waiting on this rank's lines to or from `device`."""
+        return sum(e[1].remaining for es in self.lines.values() for e in es
+                   if device in e[1].ends)
 
     @property
     def pending(self) -> bool:
@@ -169,6 +194,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         q = queue_of.pop(tag, None)
         if q is not None:
             q.done(tag)
+        box = sender_of.pop(tag, None)
+        if box is not None:
+            box.done(tag, net.now)
 
     net.on_done = flow_done
     blocked: dict[int, int] = {}  # rank -> tag it waits for
@@ -223,7 +251,8 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         if kt is None:
             dt = 0.0
         else:
-            queued = sum(q.queued_bytes(r) for q in queues) if contended[r] else 0.0
+            queued = (sum(q.queued_bytes(r) for q in queues)
+                      + sum(box.queued_bytes(r) for box in outbox)) if contended[r] else 0.0
             dt = loaded_s(kt, dev, *net.load(r, start, queued), cost_model.mem_efficiency)
         if pc[r] in batch_opens[r]:
             dt += dev.launch_s  # the batch's one p2p kernel
@@ -337,6 +366,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         for r, box in enumerate(outbox):
             for queue, flow in box.take(now):
                 started[flow.tag] = now
+                sender_of[flow.tag] = box
                 if queue:
                     queue_of[flow.tag] = queues[r]
                     queues[r].send(queue, flow)
@@ -344,6 +374,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                     net.start(flow)
 
     outbox = [_Outbox() for _ in range(n)]
+    sender_of: dict[int, _Outbox] = {}  # tag in flight -> its sender's outbox
     lengths = [len(p.instrs) for p in low.programs]
     exchange_wait = [d.exchange_wait_s for d in topo.devices]
     last_sent: list[dict[int, int]] = [dict() for _ in range(n)]  # peer -> tag of r's last send

@@ -1,0 +1,190 @@
+r"""Copies over packed trees: a block that several devices read travels in chunks, each chunk
+down its own spanning tree of direct links, the trees packed against the links' loads.
+
+Why. The plain copy (`exchange._copy`) sends each need from its nearest holder, a whole block
+per transfer, so a block read by k devices leaves its holder k times (a broadcast from one
+holder is bound by that holder's one port), and on a mesh without all links (the DGX-1 cube)
+the relayed pairs stack onto a few lanes. Collective libraries instead run several rings or
+trees at once over every link (NCCL's rings; Blink, MLSys 2020, packs spanning trees over a
+DGX-1's NVLinks) and pipeline chunks through the relays.
+
+Math. Let X be a region that readers D need and holders H hold, B its bytes, cut row-major
+into C chunks of B / C bytes (C = min(B / CHUNK_BYTES, MAX_CHUNKS), at least 1). Every reader
+must receive every chunk once, over some link into it, so the bytes into the readers are
+|D| B whatever the trees; what the trees decide is how those bytes spread over the links and
+ports. Each resource k (a link's medium, a device's egress or ingress port) of bandwidth b_k
+carries L_k bytes; its busy time is L_k / b_k. A chunk of c bytes added over u -> v raises
+every resource on that link by c / b_k; a chunk reaching depth t of its tree arrives at the
+earliest t chunk-times after it left the root (each relay forwards a chunk it has whole), so
+a tree edge u -> v is scored
+
+    score(u -> v) = max_k (L_k + c) / b_k  +  depth(u) · c / b_{u,v}  +  latency(u -> v)
+
+(the time the edge's busiest resource would be busy, plus the pipeline it adds), and each
+chunk's tree is grown greedily from H (depth 0) by the lowest-scoring edge from a device in
+the tree to a reader not yet in it (Prim's rule on that score), the loads updated as edges
+are taken. Chunks thus go out over different first hops as the loads grow, which is the
+packing; with C chunks a relay forwards chunk j while chunk j + 1 arrives, which is the
+pipelining (cut-through at chunk granularity). Where no reader is one direct link from the
+tree, the nearest member sends over the topology's route (relayed).
+
+The program is a plain list of transfers, each a whole chunk over one link: lowering,
+the replay and the simulator run it as any other exchange, so the time it is judged by is
+that of the programs (`timing.exchange_time`). `exchange.synthesize` builds it beside the
+plain program where some block has several remote readers, and keeps the faster.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..core.geometry import Region, intersect, volume
+from ..errors import PlanError
+from .routes import RANK_REFERENCE_BYTES
+from .timing import link_resources
+
+# Chunks no smaller than this (where the block allows) and at most this many per block: more
+# chunks pipeline and spread better but each costs a message and a launch per hop.
+CHUNK_BYTES = RANK_REFERENCE_BYTES
+MAX_CHUNKS = 8
+
+
+def worth_trees(sources: Sequence[tuple[Region, int, int]],
+                needs: Sequence[tuple[Region, int]]) -> bool:
+    """Whether some source region is read by two or more devices that do not hold it (the
+    case the plain program sends more than once from one holder)."""
+    readers: dict[Region, set[int]] = {}
+    held: dict[Region, set[int]] = {}
+    for reg, dev, _ in sources:
+        held.setdefault(reg, set()).add(dev)
+    for q, d in needs:
+        for reg in held:
+            if d not in held[reg] and intersect(reg, q) is not None:
+                readers.setdefault(reg, set()).add(d)
+    return any(len(r) >= 2 for r in readers.values())
+
+
+def chunks(x: Region, k: int) -> list[Region]:
+    """x cut into up to k row-major ranges along its outermost dim longer than one (each a
+    contiguous range of x), as even as the extent allows."""
+    dim = next((i for i, (lo, hi) in enumerate(x) if hi - lo > 1), None)
+    if dim is None or k <= 1:
+        return [x]
+    lo, hi = x[dim]
+    k = min(k, hi - lo)
+    cuts = [lo + (hi - lo) * i // k for i in range(k + 1)]
+    return [x[:dim] + ((a, b),) + x[dim + 1:] for a, b in zip(cuts, cuts[1:])]
+
+
+def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
+              needs: Sequence[tuple[Region, int]]) -> None:
+    """Deliver every need (region, device) from full `sources` (region, device, ready round)
+    over packed chunk trees (module docstring), emitting transfers and stitches on the
+    synthesis `b` (`exchange._Synthesis`). Sources are a layout's pieces: boxes that are
+    disjoint or equal (replicas)."""
+    holders: dict[Region, list[tuple[int, int]]] = {}
+    for reg, dev, ready in sources:
+        holders.setdefault(reg, []).append((dev, ready))
+    # cut -> (the source region it is cut from, the needs (region, device) that read it)
+    groups: dict[Region, tuple[Region, list[tuple[Region, int]]]] = {}
+    parts: dict[tuple[Region, int], list[tuple[Region, bool]]] = {}
+    for q, d in dict.fromkeys(needs):
+        got = parts.setdefault((q, d), [])
+        for reg, held in holders.items():
+            cut = intersect(reg, q)
+            if cut is None:
+                continue
+            if any(dev == d for dev, _ in held):
+                got.append((cut, False))
+            else:
+                groups.setdefault(cut, (reg, []))[1].append((q, d))
+    sched = _Schedule(b)
+    # Chunk j of every block before chunk j + 1 of any: the trees of early chunks take the
+    # free links first.
+    cut_chunks = [chunks(cut, max(1, min(MAX_CHUNKS, int(volume(cut) * b.elem // CHUNK_BYTES))))
+                  for cut in groups]
+    for j in range(max((len(c) for c in cut_chunks), default=0)):
+        for (reg, readers), cs in zip(groups.values(), cut_chunks):
+            if j >= len(cs):
+                continue
+            reached = sched.grow(cs[j], reg, holders[reg], [d for _, d in readers])
+            for q, d in readers:
+                if d in reached:
+                    parts[(q, d)].append((cs[j], True))
+    for (q, d), got in parts.items():
+        if volume(q) != sum(volume(r) for r, _ in got):
+            raise PlanError(f"tensor {b.info.name!r}: region {q} needed on device {d} is not "
+                            "covered by the producer's pieces",
+                            fix="the producer layout must cover the tensor")
+        b.stitch(q, d, got)
+
+
+def _tree_links(b) -> list[dict[int, tuple[tuple[tuple[str, float], ...], float, float]]]:
+    """Per device u, the links a tree may take out of it: v -> (resources, bandwidth,
+    latency) where the topology's own route from u to v is that one link (not a slow
+    fallback the route avoids, as the DGX-1's QPI path for pairs the NVLinks relay).
+    Memoised per topology instance."""
+    topo = b.topo
+    cache = getattr(topo, "_cache", None)
+    memo = cache.setdefault("tree-links", {}) if isinstance(cache, dict) else {}
+    key = b.mode
+    if key not in memo:
+        out = []
+        for u in range(topo.world_size):
+            row = {}
+            for v in range(topo.world_size):
+                if v != u and len(b.route(u, v)[0]) == 2:
+                    link = topo.link(u, v)
+                    row[v] = (link_resources(link), link.bw, link.latency_s)
+            out.append(row)
+        memo[key] = out
+    return memo[key]
+
+
+class _Schedule:
+    """The loads the trees put on the links (module docstring), and the trees themselves,
+    emitted edge by edge as they grow."""
+
+    def __init__(self, b) -> None:
+        self.b = b
+        self.load: dict[str, float] = {}   # every resource: the seconds of bytes on it
+        self.links = _tree_links(b)
+
+    def grow(self, chunk: Region, within: Region, roots: list[tuple[int, int]],
+             readers: list[int]) -> list[int]:
+        """Send `chunk` (cut from the block `within` its roots hold) down one tree from the
+        roots to every reader, grown by the edge score of the module docstring (Prim's rule
+        over the links' loads and the tree's depth); returns the readers reached. A chunk
+        leaves a relay after the round it arrived in, a root after its block's ready round."""
+        b = self.b
+        nbytes = volume(chunk) * b.elem
+        depth = {dev: 0 for dev, _ in roots}
+        ready = dict(roots)  # device -> the round after which it holds the chunk
+        left = [d for d in dict.fromkeys(readers) if d not in depth]
+        load = self.load
+        while left:
+            best = None
+            for u in depth:
+                out = self.links[u]
+                for v in left:
+                    hit = out.get(v)
+                    if hit is None:
+                        continue
+                    res, bw, latency = hit
+                    busy = max(load.get(r, 0.0) + nbytes / rbw for r, rbw in res)
+                    score = busy + depth[u] * nbytes / bw + latency
+                    if best is None or score < best[0]:
+                        best = (score, u, v, res)
+            if best is None:  # no reader one link from the tree: the nearest member's route
+                v = left[0]
+                u = min(depth, key=lambda x: b.dist(x, v))
+                hops = None
+            else:
+                _, u, v, res = best
+                for r, bw in res:
+                    self.load[r] = self.load.get(r, 0.0) + nbytes / bw
+                hops = (u, v)
+            ready[v] = b.send(u, v, chunk, ready[u], hops=hops,
+                              within=within if depth[u] == 0 else None)
+            depth[v] = depth[u] + 1
+            left.remove(v)
+        return [d for d in depth if depth[d] > 0]
