@@ -75,6 +75,7 @@ from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES, routes_for
 from .timing import exchange_time
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
+from .folds import cuts, reduce_partials
 from .trees import tree_copy, worth_trees
 
 # --------------------------------------------------------------------------- synthesis
@@ -101,6 +102,7 @@ class _Synthesis:
         self.routes = routes_for(topology, mode)
         self.spread = spread and not self.naive
         self.sources: tuple = ()  # the producer's pieces, as lowering holds them
+        self.trees = False  # fold partial sums down packed trees (`trees.tree_fold`)
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -210,7 +212,7 @@ class _Synthesis:
                 (arrived if at == dst else relayed).append((reg, at, rnd))
             return relayed + arrived
         group = self.topo.group_of(0, dst)
-        for part, hops in zip(_cuts(reg, dim, k), rails):
+        for part, hops in zip(cuts(reg, dim, k), rails):
             rnd = self.send(src, dst, part, ready, hops=hops, within=within)
             relayed.extend((part, h, rnd) for h in hops[1:-1]
                            if self.topo.group_of(0, h) == group)
@@ -275,7 +277,7 @@ def _synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tup
                              lambda b: ([(p.region, p.device, -1) for p in produced], remote))
 
     def folded(b: _Synthesis):
-        full = _reduce_partials(b, produced, needs, n_slices)
+        full = reduce_partials(b, produced, needs, n_slices)
         return full, [(q, d) for q, d in needs
                       if not any(dev == d and contains(r, q) for r, dev, _ in full)]
     return _copy_program(info, produced, topology, mode, spread, folded)
@@ -284,19 +286,25 @@ def _synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tup
 def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: str,
                   spread: bool, prepare) -> Exchange:
     """The copy step from the full sources `prepare(b)` gives (the producer's pieces, or the
-    folded partial sums) to the needs it gives: the plain program, and where a block has
-    several remote readers in the optimized mode, also the packed-tree program
-    (`trees.py`); the faster under `exchange_time` is kept."""
+    folded partial sums) to the needs it gives: the plain program, and in the optimized
+    mode where a block has several remote readers or more than two partial slices fold,
+    also the packed-tree program (`trees.py`: folds up and copies down packed trees); the
+    faster under `exchange_time` is kept."""
     b = _synthesis(info, produced, topology, mode, spread)
     sources, remote = prepare(b)
-    trees = mode == "optimized" and not spread and worth_trees(sources, remote)
+    folds = len({p.slice for p in produced}) > 2
+    trees = mode == "optimized" and not spread and (folds or worth_trees(sources, remote))
     _copy(b, list(sources), remote)
     plain = b.build()
     if not trees:
         return plain
     t = _synthesis(info, produced, topology, mode, spread)
+    t.trees = True
     sources, remote = prepare(t)
-    tree_copy(t, sources, remote)
+    if worth_trees(sources, remote):
+        tree_copy(t, sources, remote)
+    else:
+        _copy(t, list(sources), remote)
     packed = t.build()
     return packed if exchange_time(packed, topology) < exchange_time(plain, topology) else plain
 
@@ -367,146 +375,3 @@ def _copy(b: _Synthesis, sources: list[tuple[Region, int, int]],
             for cut, at, rnd in got:
                 index.setdefault(cut, []).append(len(sources))
                 sources.append((cut, at, rnd))
-
-
-def _reduce_partials(b: _Synthesis, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
-                     n_slices: int) -> list[tuple[Region, int, int]]:
-    """Fold the partial slices of every needed part of every block; returns the full sources."""
-    blocks: dict[Region, dict[int, list[int]]] = {}  # block -> slice -> holders
-    for p in produced:
-        blocks.setdefault(p.region, {}).setdefault(p.slice, []).append(p.device)
-    full: list[tuple[Region, int, int]] = []
-    for block, holders in blocks.items():
-        if len(holders) != n_slices:
-            raise PlanError(f"tensor {b.info.name!r}: block {block} has {len(holders)} of "
-                            f"{n_slices} partial results", fix="every slice needs a holder")
-        readers: dict[Region, list[int]] = {}
-        for q, d in needs:
-            x = intersect(q, block)
-            if x is not None:
-                readers.setdefault(x, [])
-                if d not in readers[x]:
-                    readers[x].append(d)
-        for x, devs in readers.items():
-            if b.naive:
-                for d in devs:
-                    full.append((x, d, _fold_direct(b, x, d, holders, block)))
-                continue
-            for chunk, r in _scatter(x, devs, holders, b.elem):
-                full.append((chunk, r, _fold_tree(b, chunk, r, holders, block)))
-    return full
-
-
-def _cuts(x: Region, dim: int, k: int) -> list[Region]:
-    """x cut along `dim` into k near-equal consecutive parts."""
-    lo, hi = x[dim]
-    base, extra = divmod(hi - lo, k)
-    out, start = [], lo
-    for i in range(k):
-        stop = start + base + (1 if i < extra else 0)
-        out.append(x[:dim] + ((start, stop),) + x[dim + 1:])
-        start = stop
-    return out
-
-
-def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
-             itemsize: int) -> list[tuple[Region, int]]:
-    """Reduce-scatter: with k readers of x, cut x into k chunks and fold chunk i at reader i,
-    so the fold's inbound bytes and the later multicast spread over k devices' ports instead
-    of one (the all-reduce pattern then costs what a ring costs). Chunks stay at least
-    RANK_REFERENCE_BYTES, below which latency, not bandwidth, dominates. The chunks are
-    row-major ranges of x where its extents allow (`_row_major_cuts`): each is then sent
-    without a pack and lands in place at its readers, where a cut along the longest dim
-    would be strided at both ends; else x is cut along its longest dim."""
-    by_slices = sorted(readers, key=lambda d: (-sum(d in h for h in holders.values()), d))
-    worth = int(volume(x) * itemsize // RANK_REFERENCE_BYTES)
-    k = min(len(by_slices), max(worth, 1))
-    chunks = _row_major_cuts(x, k) if k > 1 else None
-    if chunks is None:
-        dim = max(range(len(x)), key=lambda i: (x[i][1] - x[i][0], -i))
-        lo, hi = x[dim]
-        k = min(k, hi - lo)
-        if k <= 1:
-            return [(x, by_slices[0])]
-        chunks = _cuts(x, dim, k)
-    return list(zip(chunks, sorted(by_slices[:len(chunks)])))
-
-
-def _row_major_cuts(x: Region, k: int) -> list[Region] | None:
-    """x cut into k near-equal parts, each a range of x's elements in row-major order: the
-    outer dims split into single indices (their extents' product p dividing k), the next
-    dim into k / p ranges; None where no such split exists."""
-    outer = 1
-    for dim, (lo, hi) in enumerate(x):
-        n = hi - lo
-        if n == 1:
-            continue
-        need = k // outer
-        if n >= need:
-            parts = [x]
-            for d in range(dim):
-                parts = [c for p in parts for c in _cuts(p, d, p[d][1] - p[d][0])]
-            return [c for p in parts for c in _cuts(p, dim, need)]
-        if need % n:
-            return None
-        outer *= n
-    return None
-
-
-def _fold_direct(b: _Synthesis, x: Region, d: int, holders: dict[int, list[int]],
-                 block: Region) -> int:
-    inputs = []
-    for s in sorted(holders):
-        h = d if d in holders[s] else holders[s][0]
-        inputs.append(((s,), -1 if h == d else b.send(h, d, x, -1, (s,), within=block)))
-    return b.reduce(d, x, inputs, ())
-
-
-def _fold_tree(b: _Synthesis, x: Region, r: int, holders: dict[int, list[int]],
-               block: Region) -> int:
-    """Fold chunk x of `block`'s partial slices at r (module docstring, *Partial*)."""
-    chosen: dict[int, list[int]] = {}
-    for s in sorted(holders):
-        h = min(holders[s], key=lambda dev: (b.dist(dev, r), dev))
-        chosen.setdefault(h, []).append(s)
-    # A device with several slices folds them locally first.
-    items: list[tuple[int, tuple[int, ...], int]] = []
-    for dev, ss in chosen.items():
-        ready = -1
-        if len(ss) > 1 and dev != r:
-            ready = b.reduce(dev, x, [((s,), -1) for s in ss], tuple(ss))
-            items.append((dev, tuple(ss), ready))
-        else:
-            items.extend((dev, (s,), -1) for s in ss)
-    inputs = _gather(b, x, r, items, 0, block)
-    return b.reduce(r, x, inputs, ())
-
-
-def _gather(b: _Synthesis, x: Region, target: int, items: list[tuple[int, tuple[int, ...], int]],
-            level: int, block: Region) -> list[tuple[tuple[int, ...], int]]:
-    """Values (slices, ready round) that arrive at `target`, folding inside groups of
-    topology level `level` (and finer) before crossing it. A value not yet folded (ready
-    round -1) is still the holder's partial of `block`, which x may cut strided."""
-    levels = b.topo.levels
-    if level >= len(levels) or len(items) <= 1 and (not items or items[0][0] == target):
-        out = []
-        for dev, ss, ready in items:
-            out.append((ss, ready if dev == target else b.send(
-                dev, target, x, ready, ss, within=block if ready < 0 else None)))
-        return out
-    groups: dict[int, list] = {}
-    for it in items:
-        groups.setdefault(b.topo.group_of(level, it[0]), []).append(it)
-    mine = b.topo.group_of(level, target)
-    out = _gather(b, x, target, groups.pop(mine, []), level + 1, block)
-    for g in sorted(groups):
-        members = groups[g]
-        leader = min((it[0] for it in members), key=lambda dev: (b.dist(dev, target), dev))
-        vals = _gather(b, x, leader, members, level + 1, block)
-        ss = tuple(sorted(s for v, _ in vals for s in v))
-        ready = vals[0][1] if len(vals) == 1 else b.reduce(leader, x, vals, ss)
-        out.append((ss, b.send(leader, target, x, ready, ss,
-                               within=block if ready < 0 else None)))
-    return out
-
-

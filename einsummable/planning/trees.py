@@ -97,7 +97,7 @@ def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
                 got.append((cut, False))
             else:
                 groups.setdefault(cut, (reg, []))[1].append((q, d))
-    sched = _Schedule(b)
+    sched = _schedule(b)
     # Chunk j of every block before chunk j + 1 of any: the trees of early chunks take the
     # free links first.
     cut_chunks = [chunks(cut, max(1, min(MAX_CHUNKS, int(volume(cut) * b.elem // CHUNK_BYTES))))
@@ -188,3 +188,74 @@ class _Schedule:
             depth[v] = depth[u] + 1
             left.remove(v)
         return [d for d in depth if depth[d] > 0]
+
+
+    def fold(self, chunk: Region, block: Region, r: int, chosen: dict[int, list[int]]) -> int:
+        """Fold `chunk` at r from the partials `chosen` (device -> its slices) up one tree
+        grown from r (each member's edge into the tree scored on its link toward it);
+        returns the round r's folded value is ready after."""
+        b = self.b
+        nbytes = volume(chunk) * b.elem
+        depth = {r: 0}
+        parent: dict[int, int] = {}
+        left = [d for d in chosen if d != r]
+        while left:
+            best = None
+            for u in depth:
+                for v in left:
+                    hit = self.links[v].get(u)
+                    if hit is None:
+                        continue
+                    res, bw, latency = hit
+                    busy = max(self.load.get(q, 0.0) + nbytes / rbw for q, rbw in res)
+                    score = busy + depth[u] * nbytes / bw + latency
+                    if best is None or score < best[0]:
+                        best = (score, u, v, res)
+            if best is None:  # no holder one link from the tree: the nearest member's route
+                v = left[0]
+                u = min(depth, key=lambda y: b.dist(v, y))
+            else:
+                _, u, v, res = best
+                for q, rbw in res:
+                    self.load[q] = self.load.get(q, 0.0) + nbytes / rbw
+            parent[v] = u
+            depth[v] = depth[u] + 1
+            left.remove(v)
+        # leaves first: a member folds its own partials and what its children sent
+        arrived: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+        for v in sorted(parent, key=lambda y: -depth[y]):
+            inputs = [((s,), -1) for s in chosen[v]] + arrived.get(v, [])
+            if len(inputs) == 1 and inputs[0][1] < 0:  # its one partial, as produced
+                ss, ready, within = inputs[0][0], -1, block
+            else:
+                ss = tuple(sorted(s for slices, _ in inputs for s in slices))
+                ready, within = b.reduce(v, chunk, inputs, ss), None
+            hops = (v, parent[v]) if parent[v] in self.links[v] else None
+            arrived.setdefault(parent[v], []).append(
+                (ss, b.send(v, parent[v], chunk, ready, ss, hops=hops, within=within)))
+        return b.reduce(r, chunk, [((s,), -1) for s in chosen.get(r, [])] + arrived.get(r, []),
+                        ())
+
+def tree_fold(b, x: Region, r: int, holders: dict[int, list[int]], block: Region) -> list[
+        tuple[Region, int]]:
+    """Fold the partial slices of `x` (cut from `block`, slice -> holders) at r down packed
+    trees, the reverse of a copy's: x is cut into chunks; for each, a tree rooted at r spans
+    one holder per slice (the nearest to r), grown by the same edge score on the links into
+    the tree; each member folds what its subtree sent with its own partial and sends one
+    value up, so every link carries one chunk (the fold placed where the bytes are).
+    Returns (chunk, round its full value is ready at r) per chunk."""
+    chosen: dict[int, list[int]] = {}
+    for s in sorted(holders):
+        h = min(holders[s], key=lambda dev: (b.dist(dev, r), dev))
+        chosen.setdefault(h, []).append(s)
+    sched = _schedule(b)
+    k = max(1, min(MAX_CHUNKS, int(volume(x) * b.elem // CHUNK_BYTES)))
+    return [(chunk, sched.fold(chunk, block, r, chosen)) for chunk in chunks(x, k)]
+
+
+def _schedule(b) -> "_Schedule":
+    """The synthesis' one schedule: every tree it grows sees the loads of the others."""
+    sched = getattr(b, "tree_schedule", None)
+    if sched is None:
+        sched = b.tree_schedule = _Schedule(b)
+    return sched
