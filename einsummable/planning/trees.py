@@ -9,7 +9,8 @@ trees at once over every link (NCCL's rings; Blink, MLSys 2020, packs spanning t
 DGX-1's NVLinks) and pipeline chunks through the relays.
 
 Math. Let X be a region that readers D need and holders H hold, B its bytes, cut row-major
-into C chunks of B / C bytes (C = min(B / CHUNK_BYTES, MAX_CHUNKS), at least 1). Every reader
+into C chunks of B / C bytes (C = min(B / CHUNK_BYTES, max(MAX_CHUNKS, CHUNK_BUDGET / the
+number of blocks)), at least 1: a lone block, a broadcast, is cut finer). Every reader
 must receive every chunk once, over some link into it, so the bytes into the readers are
 |D| B whatever the trees; what the trees decide is how those bytes spread over the links and
 ports. Each resource k (a link's medium, a device's egress or ingress port) of bandwidth b_k
@@ -46,6 +47,9 @@ from .timing import link_resources
 # chunks pipeline and spread better but each costs a message and a launch per hop.
 CHUNK_BYTES = RANK_REFERENCE_BYTES
 MAX_CHUNKS = 8
+# ... unless the exchange has few blocks: up to this many chunks in all (a relay forwards
+# chunk by chunk, so a tree of depth t adds t chunk-times to the block's own).
+CHUNK_BUDGET = 64
 
 
 def worth_trees(sources: Sequence[tuple[Region, int, int]],
@@ -100,7 +104,8 @@ def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
     sched = _schedule(b)
     # Chunk j of every block before chunk j + 1 of any: the trees of early chunks take the
     # free links first.
-    cut_chunks = [chunks(cut, max(1, min(MAX_CHUNKS, int(volume(cut) * b.elem // CHUNK_BYTES))))
+    most = max(MAX_CHUNKS, CHUNK_BUDGET // max(1, len(groups)))
+    cut_chunks = [chunks(cut, max(1, min(most, int(volume(cut) * b.elem // CHUNK_BYTES))))
                   for cut in groups]
     for j in range(max((len(c) for c in cut_chunks), default=0)):
         for (reg, readers), cs in zip(groups.values(), cut_chunks):
