@@ -1,0 +1,60 @@
+"""The collective-pattern bench (`experiments/patterns.py`): the patterns are the exchanges
+they name, the bound is the bytes a device or node must take in over its capacity, and the
+runner gives one einsummable and one NCCL-model row per pattern and size."""
+from __future__ import annotations
+
+import pytest
+
+from einsummable.core.geometry import volume
+from einsummable.topology import load_topology, synthetic
+from experiments import collectives, patterns
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("kind", patterns.PATTERNS)
+def test_each_pattern_reads_and_holds_what_it_names(kind):
+    p = patterns.pattern(kind, 4, 4 * MIB)
+    rows, cols = p.info.shape
+    assert p.info.nbytes == 4 * MIB and cols == patterns.COLUMNS
+    devices = sorted({d for _, d in p.needs})
+    assert devices == [0, 1, 2, 3]
+    held = sum(volume(x.region) for x in p.produced)
+    needed = sum(volume(q) for q, _ in p.needs)
+    whole = rows * cols
+    expect = {"all_gather": (whole, 4 * whole), "reduce_scatter": (4 * whole, whole),
+              "all_reduce": (4 * whole, 4 * whole), "broadcast": (whole, 4 * whole),
+              "all_to_all": (whole, whole)}[kind]
+    assert (held, needed) == expect
+    assert (p.agg == "sum") == (kind in ("reduce_scatter", "all_reduce"))
+    with pytest.raises(ValueError, match="unknown pattern"):
+        patterns.pattern("scatter", 4, MIB)
+
+
+def test_the_bound_is_a_device_port_or_a_node_nics():
+    s = 64 * MIB
+    a100 = load_topology("a100x8")
+    # one NVSwitch port of 300 GB/s into each GPU: an all-reduce takes in 2 * 7/8 of it
+    assert patterns.bandwidth_bound("all_reduce", s, a100) == pytest.approx(
+        2 * 7 / 8 * s / 300e9)
+    assert patterns.bandwidth_bound("all_gather", s, a100) == pytest.approx(7 / 8 * s / 300e9)
+    # two nodes: the node's NICs bound the all-reduce when they are slower than the ports
+    two = synthetic(8, nodes=2)
+    node = patterns.bandwidth_bound("all_reduce", s, two)
+    assert node >= patterns.bandwidth_bound("all_reduce", s, synthetic(4))
+
+
+def test_the_runner_gives_einsummable_beside_the_nccl_model():
+    cfg = {"name": "patterns-tiny", "topologies": ["a100x8"], "patterns": ["all_gather"],
+           "sizes": [16 * MIB]}
+    rows, extra, table = patterns.runner(cfg)
+    assert [r.system for r in rows] == ["einsummable", "nccl-model"]
+    mine, nccl = rows
+    assert mine.floor_s == nccl.floor_s > 0
+    assert nccl.time_s == pytest.approx(collectives.collective_time(
+        "all_gather", 16 * MIB, collectives.fabric(load_topology("a100x8")), collectives.PEAK))
+    # on the switch every device sends its block straight to the others: no slower than
+    # NCCL's ring, within a launch and a latency of the bound
+    assert mine.time_s <= nccl.time_s and mine.time_s <= 1.2 * mine.floor_s
+    assert extra["patterns"]["a100x8"]["rows"] == 1
+    assert "all_gather" in table
