@@ -29,9 +29,10 @@ topology (for cpu4: measured by `einsummable calibrate`):
     pack      = launch + 2 · bytes / memory rate (several blocks for one peer as one message)
     unpack    = launch + 2 · bytes / memory rate of the parts it copies into place (views: free)
 
-A rank's sends to one peer go one at a time in program order (a line per peer: the next
-leaves when the last byte of the one before has left, as NCCL runs a pair's operations in
-order), so a relay can forward the first chunk of a block while the next arrives; the
+A rank's sends to one peer go one at a time in program order (a line per peer, another for
+the weight prefetches: the next leaves when the last byte of the one before has left, as NCCL
+runs a pair's operations on a stream in order), so a relay can forward the first chunk of a
+block while the next arrives; the
 contention rule counts the bytes waiting on the lines as the prefetches queued. Prefetch sends
 (weights, `Send.queue` > 0) leave in queue order, one queue number after another per rank (one
 stream), so the weights needed first arrive first; other sends start at once and take the
@@ -99,19 +100,21 @@ def _numel(shape) -> int:
 
 class _Outbox:
     """One rank's communication engine (`outbox.py` is the executor's): each send leaves once
-    its source is there, while the rank goes on computing, one send per peer at a time in
-    program order (a line per peer: the next leaves when the last byte of the one before has
-    left, as NCCL runs a pair's operations in order and the executor's line sends them); a
-    send whose source is still arriving (a relay's forward) holds up the later sends to its
-    peer, and no others."""
+    its source is there, while the rank goes on computing, one send per peer and stream at a
+    time in program order (a line per peer, and another for the weight prefetches: the next
+    leaves when the last byte of the one before has left, as NCCL runs a pair's operations
+    on a stream in order and the executor's line sends them); a send whose source is still
+    arriving (a relay's forward) holds up the later sends on its line, and no others."""
 
     def __init__(self) -> None:
-        self.lines: dict[int, list[list]] = {}  # peer -> [queue, flow, waiting tags, ready at]
-        self.busy: dict[int, int] = {}  # peer -> tag of the send on its line now
+        # (peer, prefetch?) -> [queue, flow, waiting tags, ready at]: a line per peer and
+        # stream (prefetches go on their own, as FSDP's all-gathers run on their own stream)
+        self.lines: dict[tuple[int, bool], list[list]] = {}
+        self.busy: dict[tuple[int, bool], int] = {}  # line -> tag of the send on it now
 
     def post(self, peer: int, queue: int, flow: Flow, waiting: set[int],
              ready_at: float) -> None:
-        self.lines.setdefault(peer, []).append([queue, flow, waiting, ready_at])
+        self.lines.setdefault((peer, queue > 0), []).append([queue, flow, waiting, ready_at])
 
     def arrived(self, tag: int, at: float) -> None:
         for entries in self.lines.values():
@@ -122,10 +125,10 @@ class _Outbox:
 
     def done(self, tag: int, at: float) -> None:
         """The last byte of send `tag` left: its line takes the next send from `at`."""
-        for peer, busy in list(self.busy.items()):
+        for line, busy in list(self.busy.items()):
             if busy == tag:
-                del self.busy[peer]
-                for e in self.lines.get(peer, ())[:1]:
+                del self.busy[line]
+                for e in self.lines.get(line, ())[:1]:
                     e[3] = max(e[3], at)
 
     def next_ready(self) -> float:
@@ -137,11 +140,11 @@ class _Outbox:
     def take(self, now: float) -> list[tuple[int, Flow]]:
         """The sends that leave by `now`, at most one per free line."""
         out = []
-        for peer, entries in self.lines.items():
-            if entries and peer not in self.busy and not entries[0][2] \
+        for line, entries in self.lines.items():
+            if entries and line not in self.busy and not entries[0][2] \
                     and entries[0][3] <= now:
                 queue, flow, _, _ = entries.pop(0)
-                self.busy[peer] = flow.tag
+                self.busy[line] = flow.tag
                 out.append((queue, flow))
         return out
 
