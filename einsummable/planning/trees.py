@@ -165,35 +165,42 @@ class _Schedule:
         depth = {dev: 0 for dev, _ in roots}
         ready = dict(roots)  # device -> the round after which it holds the chunk
         left = [d for d in dict.fromkeys(readers) if d not in depth]
-        load = self.load
         while left:
-            best = None
-            for u in depth:
-                out = self.links[u]
-                for v in left:
-                    hit = out.get(v)
-                    if hit is None:
-                        continue
-                    res, bw, latency = hit
-                    busy = max(load.get(r, 0.0) + nbytes / rbw for r, rbw in res)
-                    score = busy + depth[u] * nbytes / bw + latency
-                    if best is None or score < best[0]:
-                        best = (score, u, v, res)
-            if best is None:  # no reader one link from the tree: the nearest member's route
-                v = left[0]
-                u = min(depth, key=lambda x: b.dist(x, v))
-                hops = None
-            else:
-                _, u, v, res = best
-                for r, bw in res:
-                    self.load[r] = self.load.get(r, 0.0) + nbytes / bw
-                hops = (u, v)
+            u, v, direct = self._attach(depth, left, nbytes, inward=False)
+            hops = (u, v) if direct else None
             ready[v] = b.send(u, v, chunk, ready[u], hops=hops,
                               within=within if depth[u] == 0 else None)
             depth[v] = depth[u] + 1
             left.remove(v)
         return [d for d in depth if depth[d] > 0]
 
+    def _attach(self, depth: dict[int, int], left: list[int], nbytes: float,
+                inward: bool) -> tuple[int, int, bool]:
+        """The next edge of a tree: of the direct links between a member u and a device v
+        not yet in it (v -> u for a fold, `inward`; u -> v for a copy), the one of least
+        score (module docstring), its loads taken; where there is none, v = the first left
+        and u its nearest member over the topology's route. Returns (u, v, direct?)."""
+        b = self.b
+        load = self.load
+        best = None
+        for u in depth:
+            for v in left:
+                hit = (self.links[v] if inward else self.links[u]).get(u if inward else v)
+                if hit is None:
+                    continue
+                res, bw, latency = hit
+                busy = max(load.get(r, 0.0) + nbytes / rbw for r, rbw in res)
+                score = busy + depth[u] * nbytes / bw + latency
+                if best is None or score < best[0]:
+                    best = (score, u, v, res)
+        if best is None:
+            v = left[0]
+            u = min(depth, key=lambda x: b.dist(v, x) if inward else b.dist(x, v))
+            return u, v, False
+        _, u, v, res = best
+        for r, rbw in res:
+            load[r] = load.get(r, 0.0) + nbytes / rbw
+        return u, v, True
 
     def fold(self, chunk: Region, block: Region, r: int, chosen: dict[int, list[int]]) -> int:
         """Fold `chunk` at r from the partials `chosen` (device -> its slices) up one tree
@@ -205,24 +212,7 @@ class _Schedule:
         parent: dict[int, int] = {}
         left = [d for d in chosen if d != r]
         while left:
-            best = None
-            for u in depth:
-                for v in left:
-                    hit = self.links[v].get(u)
-                    if hit is None:
-                        continue
-                    res, bw, latency = hit
-                    busy = max(self.load.get(q, 0.0) + nbytes / rbw for q, rbw in res)
-                    score = busy + depth[u] * nbytes / bw + latency
-                    if best is None or score < best[0]:
-                        best = (score, u, v, res)
-            if best is None:  # no holder one link from the tree: the nearest member's route
-                v = left[0]
-                u = min(depth, key=lambda y: b.dist(v, y))
-            else:
-                _, u, v, res = best
-                for q, rbw in res:
-                    self.load[q] = self.load.get(q, 0.0) + nbytes / rbw
+            u, v, _ = self._attach(depth, left, nbytes, inward=True)
             parent[v] = u
             depth[v] = depth[u] + 1
             left.remove(v)
