@@ -10,7 +10,8 @@ DGX-1's NVLinks) and pipeline chunks through the relays.
 
 Math. Let X be a region that readers D need and holders H hold, B its bytes, cut row-major
 into C chunks of B / C bytes (C = min(B / CHUNK_BYTES, max(MAX_CHUNKS, CHUNK_BUDGET / the
-number of blocks)), at least 1: a lone block, a broadcast, is cut finer). Every reader
+number of blocks), TRANSFER_BUDGET / the edges of one chunk's trees), at least 1: a lone
+block, a broadcast, is cut finer; sixteen devices gathering sixteen blocks, coarser). Every reader
 must receive every chunk once, over some link into it, so the bytes into the readers are
 |D| B whatever the trees; what the trees decide is how those bytes spread over the links and
 ports. Each resource k (a link's medium, a device's egress or ingress port) of bandwidth b_k
@@ -50,6 +51,10 @@ MAX_CHUNKS = 8
 # ... unless the exchange has few blocks: up to this many chunks in all (a relay forwards
 # chunk by chunk, so a tree of depth t adds t chunk-times to the block's own).
 CHUNK_BUDGET = 64
+# And at most about this many transfers per program: the replay that prices it costs time
+# per transfer, and the optimizer prices thousands of exchanges (a 16-device gather of 16
+# blocks in 8 chunks was 1920 transfers, a second to replay).
+TRANSFER_BUDGET = 512
 
 
 def worth_trees(sources: Sequence[tuple[Region, int, int]],
@@ -104,7 +109,9 @@ def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
     sched = _schedule(b)
     # Chunk j of every block before chunk j + 1 of any: the trees of early chunks take the
     # free links first.
-    most = max(MAX_CHUNKS, CHUNK_BUDGET // max(1, len(groups)))
+    edges = sum(len({d for _, d in readers}) for _, readers in groups.values())
+    most = min(max(MAX_CHUNKS, CHUNK_BUDGET // max(1, len(groups))),
+               max(1, TRANSFER_BUDGET // max(1, edges)))
     cut_chunks = [chunks(cut, max(1, min(most, int(volume(cut) * b.elem // CHUNK_BYTES))))
                   for cut in groups]
     for j in range(max((len(c) for c in cut_chunks), default=0)):
@@ -244,7 +251,9 @@ def tree_fold(b, x: Region, r: int, holders: dict[int, list[int]], block: Region
         h = min(holders[s], key=lambda dev: (b.dist(dev, r), dev))
         chosen.setdefault(h, []).append(s)
     sched = _schedule(b)
-    k = max(1, min(MAX_CHUNKS, int(volume(x) * b.elem // CHUNK_BYTES)))
+    # about as many folds as holders, each a tree of as many edges: the transfer budget
+    most = min(MAX_CHUNKS, max(1, TRANSFER_BUDGET // max(1, len(chosen) ** 2)))
+    k = max(1, min(most, int(volume(x) * b.elem // CHUNK_BYTES)))
     return [(chunk, sched.fold(chunk, block, r, chosen)) for chunk in chunks(x, k)]
 
 
