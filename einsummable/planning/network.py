@@ -166,18 +166,27 @@ class Network:
 
 
 class PrefetchQueue:
-    """One rank's prefetch sends: queue numbers go out in order, each once the previous one's
-    bytes have all left (one stream); the flows of one queue number run together."""
+    """One rank's prefetch sends: queue numbers go out in order, each once every send the
+    rank's program has in the one before has left (one stream: a queue number is one group
+    on it, relays' forwards included, which are posted only as their blocks arrive); the
+    flows of one queue number run together. `expected`: queue number -> the sends the
+    rank's program holds in it."""
 
-    def __init__(self, net: Network) -> None:
+    def __init__(self, net: Network, expected: dict[int, int]) -> None:
         self.net = net
-        self.active: int | None = None
+        self.order = sorted(q for q, n in expected.items() if n)
+        self.expected = expected
+        self.turn = 0  # index in `order` of the queue on the stream now
+        self.left = expected[self.order[0]] if self.order else 0
         self.inflight: set[int] = set()
         self.pending: list[tuple[int, Flow]] = []  # (queue, flow) in program order
 
+    @property
+    def active(self) -> int | None:
+        return self.order[self.turn] if self.turn < len(self.order) else None
+
     def send(self, queue: int, flow: Flow) -> None:
-        if self.active is None or (self.active == queue and not self.pending):
-            self.active = queue
+        if queue == self.active:
             self.inflight.add(flow.tag)
             self.net.start(flow)
         else:
@@ -191,15 +200,15 @@ class PrefetchQueue:
         if tag not in self.inflight:
             return
         self.inflight.discard(tag)
-        if self.inflight:
-            return
-        self.active = None
-        if self.pending:
-            nxt = self.pending[0][0]
+        self.left -= 1
+        while not self.inflight and self.left <= 0 and self.active is not None:
+            self.turn += 1
+            nxt = self.active
+            if nxt is None:
+                return
+            self.left = self.expected[nxt]
             batch = [f for q, f in self.pending if q == nxt]
             self.pending = [(q, f) for q, f in self.pending if q != nxt]
-            self.active = nxt
             self.inflight.update(f.tag for f in batch)
             for f in batch:
                 self.net.start(f)
-

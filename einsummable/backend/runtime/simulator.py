@@ -35,7 +35,9 @@ runs a pair's operations on a stream in order), so a relay can forward the first
 block while the next arrives; the
 contention rule counts the bytes waiting on the lines as the prefetches queued. Prefetch sends
 (weights, `Send.queue` > 0) leave in queue order, one queue number after another per rank (one
-stream), so the weights needed first arrive first; other sends start at once and take the
+stream; a queue number ends when every send the rank's program has in it has left, relays'
+forwards included, which are posted only as their blocks arrive), so the weights needed first
+arrive first; other sends start at once and take the
 bandwidth first (the prefetch stream has low priority and gets what they leave). A send and
 its receive are one transfer: one flow that loads its link and, where the link names
 a port, the sender's egress and the receiver's ingress port (an NVSwitch GPU's 300 GB/s is its
@@ -190,7 +192,13 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
     compute = [0.0] * n
     link_bytes: dict[tuple[int, int], int] = {}
     net = Network()
-    queues = [PrefetchQueue(net) for _ in range(n)]
+    queues = []
+    for prog in low.programs:  # each rank's sends per prefetch queue number
+        expected: dict[int, int] = {}
+        for ins in prog.instrs:
+            if isinstance(ins, Send) and ins.queue:
+                expected[ins.queue] = expected.get(ins.queue, 0) + 1
+        queues.append(PrefetchQueue(net, expected))
     queue_of: dict[int, PrefetchQueue] = {}  # tag -> the queue that sent it
 
     def flow_done(tag: int) -> None:
