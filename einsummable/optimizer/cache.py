@@ -16,8 +16,9 @@ from ..planning.plan import Options, Plan
 # in one batch priced once; 3: relayed transfers priced store-and-forward; 4: weight streams
 # charged their contention, partial sums reduce-scattered in row-major chunks; 5: strided
 # parts packed by their senders, priced; 6: exchanges on GPU fabrics timed by replaying their
-# programs, no round barrier; 7: a weight's stitching copies charged in full to compute).
-CACHE_VERSION = 7
+# programs, no round barrier; 7: a weight's stitching copies charged in full to compute;
+# 8: copies and folds over packed trees, one send per peer at a time).
+CACHE_VERSION = 8
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"
