@@ -30,6 +30,13 @@ def block_bounds(size: int, parts: int) -> tuple[Range, ...]:
     return tuple(out)
 
 
+def cut_along(x: Region, dim: int, k: int) -> list[Region]:
+    """x cut along `dim` into k consecutive parts whose extents differ by at most one."""
+    lo = x[dim][0]
+    return [x[:dim] + ((lo + a, lo + b),) + x[dim + 1:]
+            for a, b in block_bounds(x[dim][1] - lo, k)]
+
+
 def region_shape(reg: Region) -> tuple[int, ...]:
     return tuple(hi - lo for lo, hi in reg)
 

@@ -65,6 +65,7 @@ from ..core.geometry import (
     Region,
     contains,
     contiguous_slice,
+    cut_along,
     intersect,
     subtract,
     volume,
@@ -75,7 +76,7 @@ from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES, routes_for
 from .timing import exchange_time
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
-from .folds import cuts, reduce_partials
+from .folds import reduce_partials
 from .trees import tree_copy, worth_trees
 
 # --------------------------------------------------------------------------- synthesis
@@ -103,6 +104,7 @@ class _Synthesis:
         self.spread = spread and not self.naive
         self.sources: tuple = ()  # the producer's pieces, as lowering holds them
         self.trees = False  # fold partial sums down packed trees (`trees.tree_fold`)
+        self.tree_schedule = None  # the links' loads every packed tree of this program sees
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -212,7 +214,7 @@ class _Synthesis:
                 (arrived if at == dst else relayed).append((reg, at, rnd))
             return relayed + arrived
         group = self.topo.group_of(0, dst)
-        for part, hops in zip(cuts(reg, dim, k), rails):
+        for part, hops in zip(cut_along(reg, dim, k), rails):
             rnd = self.send(src, dst, part, ready, hops=hops, within=within)
             relayed.extend((part, h, rnd) for h in hops[1:-1]
                            if self.topo.group_of(0, h) == group)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..core.geometry import Region, intersect, volume
+from ..core.geometry import Region, cut_along, intersect, volume
 from ..errors import PlanError
 from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES
@@ -50,18 +50,6 @@ def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, 
     return full
 
 
-def cuts(x: Region, dim: int, k: int) -> list[Region]:
-    """x cut along `dim` into k near-equal consecutive parts."""
-    lo, hi = x[dim]
-    base, extra = divmod(hi - lo, k)
-    out, start = [], lo
-    for i in range(k):
-        stop = start + base + (1 if i < extra else 0)
-        out.append(x[:dim] + ((start, stop),) + x[dim + 1:])
-        start = stop
-    return out
-
-
 def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
              itemsize: int) -> list[tuple[Region, int]]:
     """Reduce-scatter: with k readers of x, cut x into k chunks and fold chunk i at reader i,
@@ -74,18 +62,18 @@ def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
     by_slices = sorted(readers, key=lambda d: (-sum(d in h for h in holders.values()), d))
     worth = int(volume(x) * itemsize // RANK_REFERENCE_BYTES)
     k = min(len(by_slices), max(worth, 1))
-    chunks = _row_majorcuts(x, k) if k > 1 else None
+    chunks = _row_major_cuts(x, k) if k > 1 else None
     if chunks is None:
         dim = max(range(len(x)), key=lambda i: (x[i][1] - x[i][0], -i))
         lo, hi = x[dim]
         k = min(k, hi - lo)
         if k <= 1:
             return [(x, by_slices[0])]
-        chunks = cuts(x, dim, k)
+        chunks = cut_along(x, dim, k)
     return list(zip(chunks, sorted(by_slices[:len(chunks)])))
 
 
-def _row_majorcuts(x: Region, k: int) -> list[Region] | None:
+def _row_major_cuts(x: Region, k: int) -> list[Region] | None:
     """x cut into k near-equal parts, each a range of x's elements in row-major order: the
     outer dims split into single indices (their extents' product p dividing k), the next
     dim into k / p ranges; None where no such split exists."""
@@ -98,8 +86,8 @@ def _row_majorcuts(x: Region, k: int) -> list[Region] | None:
         if n >= need:
             parts = [x]
             for d in range(dim):
-                parts = [c for p in parts for c in cuts(p, d, p[d][1] - p[d][0])]
-            return [c for p in parts for c in cuts(p, dim, need)]
+                parts = [c for p in parts for c in cut_along(p, d, p[d][1] - p[d][0])]
+            return [c for p in parts for c in cut_along(p, dim, need)]
         if need % n:
             return None
         outer *= n

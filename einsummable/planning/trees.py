@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..core.geometry import Region, intersect, volume
+from ..core.geometry import Region, cut_along, intersect, volume
 from ..errors import PlanError
 from .routes import RANK_REFERENCE_BYTES
 from .timing import link_resources
@@ -78,10 +78,7 @@ def chunks(x: Region, k: int) -> list[Region]:
     dim = next((i for i, (lo, hi) in enumerate(x) if hi - lo > 1), None)
     if dim is None or k <= 1:
         return [x]
-    lo, hi = x[dim]
-    k = min(k, hi - lo)
-    cuts = [lo + (hi - lo) * i // k for i in range(k + 1)]
-    return [x[:dim] + ((a, b),) + x[dim + 1:] for a, b in zip(cuts, cuts[1:])]
+    return cut_along(x, dim, min(k, x[dim][1] - x[dim][0]))
 
 
 def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
@@ -259,7 +256,6 @@ def tree_fold(b, x: Region, r: int, holders: dict[int, list[int]], block: Region
 
 def _schedule(b) -> "_Schedule":
     """The synthesis' one schedule: every tree it grows sees the loads of the others."""
-    sched = getattr(b, "tree_schedule", None)
-    if sched is None:
-        sched = b.tree_schedule = _Schedule(b)
-    return sched
+    if b.tree_schedule is None:
+        b.tree_schedule = _Schedule(b)
+    return b.tree_schedule
