@@ -14,7 +14,7 @@ from einsummable.optimizer.api import named_plan, optimize, plan_cost
 from einsummable.optimizer.model import build_model, fixed_nodes
 from einsummable.optimizer.search import solve_model
 from einsummable.planning.cost import memory_bound_share
-from einsummable.planning.kernel_time import contention_share
+from einsummable.planning.kernel_time import contention_share, copy_charge
 from einsummable.planning.plan import Options
 
 from helpers import (EXHAUSTIVE_LIMIT, SOLVER_REL, TOPOLOGIES, exhaustive_best, mlp,
@@ -79,13 +79,17 @@ def test_weights_hidden_under_compute_cost_only_their_contention(tmp_path):
     plan = optimize(g, "a100x8", steady_state=True, cache=tmp_path)
     weights_s, kernels_s, copies_s, tail_s = _weights_and_compute(g, plan, True)
     assert 0 < weights_s < kernels_s + copies_s
-    share = contention_share(plan.topology, memory_bound_share(g, plan.topology))
+    mu = memory_bound_share(g, plan.topology)
+    share = contention_share(plan.topology, mu)
     assert share > 0
+    # the A100s copy on a copy stream: a copy costs compute only what memory-bound kernels
+    # beside it lose to it, the memory-bound share μ of it
+    assert copy_charge(plan.topology, mu) == mu < 1
     plain = plan_cost(g, "a100x8", plan.chosen, steady_state=True, overlap=False)
     # the plain sum counts what the copies add to each exchange's end; behind compute they
-    # cost all of their device time instead
+    # cost that share of their device time instead
     assert plan.objective_s == pytest.approx(
-        plain - (1 - share) * weights_s - tail_s + copies_s, rel=1e-9)
+        plain - (1 - share) * weights_s - tail_s + mu * copies_s, rel=1e-9)
     assert plan.gap == pytest.approx(0.0, abs=1e-9)
 
 

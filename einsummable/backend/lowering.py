@@ -7,7 +7,8 @@ receives and forwards), its folds become Reduce, and each need is cut (Slice) or
 into place is received there directly (Alloc + Recv into a region). Each tuple becomes a Compute
 on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
-(the simulator sends them in order on a low-priority stream). Graph outputs are delivered whole to rank 0 the same way. Finally every
+(the simulator sends them in order on a low-priority stream), and on devices with a copy stream
+their stitching copies right behind them (`Assemble.queue`). Graph outputs are delivered whole to rank 0 the same way. Finally every
 buffer is freed after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
 from __future__ import annotations
@@ -128,7 +129,7 @@ class _State:
                         fix="this is a bug in exchange synthesis; report the plan")
 
 
-def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region) -> int:
+def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region, queue: int = 0) -> int:
     full = [(r, b) for r, s, b in st.held.get(info.name, {}).get(dev, ()) if s == ()]
     for r, b in full:
         if r == reg:
@@ -155,7 +156,7 @@ def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region) -> int:
         raise PlanError(f"lowering: device {dev} cannot assemble {reg} of {info.name!r}",
                         fix="this is a bug in exchange synthesis; report the plan")
     out = st.buf()
-    st.emit(dev, Assemble(out, region_shape(reg), info.dtype, tuple(parts)))
+    st.emit(dev, Assemble(out, region_shape(reg), info.dtype, tuple(parts), queue=queue))
     st.hold(info.name, dev, reg, (), out)
     return out
 
@@ -206,6 +207,18 @@ def _exchange(st: _State, info: TensorInfo, needs, mode: str, topology) -> None:
         _apply(st, info, synthesize(info, pieces, todo, agg, topology, mode), agg)
 
 
+def _assemble_early(st: _State, info: TensorInfo, needs, queue: int, topology) -> None:
+    """Stitch a prefetched weight's needs right behind its transfers, on the copy stream of
+    every device that has one (`Assemble.queue`), as NCCL copies an all-gather's local shard
+    inside its kernel: the reader then finds the need whole and its compute stream copies
+    nothing. A need a held block already covers is left to `_deliver` (a view)."""
+    for q, d in dict.fromkeys(needs):
+        held = st.held.get(info.name, {}).get(d, ())
+        if topology.devices[d].copy_stream and not any(s == () and contains(r, q)
+                                                       for r, s, _ in held):
+            _assemble(st, info, d, q, queue)
+
+
 def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[tuple[Region, int], int]:
     """Buffers holding each (region, device) need of a tensor."""
     g = st.graph
@@ -254,7 +267,8 @@ def _recv_in_place(instrs: list) -> list:
         for src, _, b in direct:
             moved[recv_at[src]] = (ins.out, b)
         alloc_at[min(recv_at[src] for src, _, _ in direct)] = Alloc(ins.out, ins.shape, ins.dtype)
-        rewritten[i] = (Assemble(ins.out, ins.shape, ins.dtype, tuple(rest), alloc=False)
+        rewritten[i] = (Assemble(ins.out, ins.shape, ins.dtype, tuple(rest), alloc=False,
+                                 queue=ins.queue)
                         if rest else None)
     out = []
     for i, ins in enumerate(instrs):
@@ -355,7 +369,9 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
             for i, name in enumerate(w_op.inputs):
                 info = graph.tensor(name)
                 if info.kind == "weight":
-                    _exchange(st, info, input_needs(w_op, choice[w_op.name], i), mode, topology)
+                    needs = input_needs(w_op, choice[w_op.name], i)
+                    _exchange(st, info, needs, mode, topology)
+                    _assemble_early(st, info, needs, fetched, topology)
             st.queue = 0
 
     seen = 0  # ops of `weighted` lowered so far

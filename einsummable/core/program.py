@@ -57,12 +57,16 @@ class Alloc:
 @dataclass(frozen=True)
 class Assemble:
     """Buffer `out` of `shape` filled from parts (src buffer, region in src, region in out):
-    a new buffer, or with `alloc` False the Alloc'd one whose other regions receives fill."""
+    a new buffer, or with `alloc` False the Alloc'd one whose other regions receives fill.
+    `queue` > 0: a prefetched weight's copies, run on the device's copy stream beside its
+    kernels (`Device.copy_stream`) as the weight's prefetch queue `queue` arrives; readers of
+    `out` wait for them."""
     out: int
     shape: tuple[int, ...]
     dtype: str
     parts: tuple[tuple[int, Region, Region], ...]
     alloc: bool = True
+    queue: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from ..planning.plan import Options, Plan
 # charged their contention, partial sums reduce-scattered in row-major chunks; 5: strided
 # parts packed by their senders, priced; 6: exchanges on GPU fabrics timed by replaying their
 # programs, no round barrier; 7: a weight's stitching copies charged in full to compute;
-# 8: copies and folds over packed trees, one send per peer at a time).
-CACHE_VERSION = 8
+# 8: copies and folds over packed trees, one send per peer at a time; 9: a weight's
+# stitching copies on the GPUs' copy streams, charged what they take from kernels).
+CACHE_VERSION = 9
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

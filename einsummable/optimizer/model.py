@@ -44,7 +44,7 @@ from ..errors import PlanError
 from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
-from ..planning.kernel_time import contention_share
+from ..planning.kernel_time import contention_share, copy_charge
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
 from ..planning.plan import Options, Plan
 from .memo import BuildMemo
@@ -92,6 +92,8 @@ class Model:
     pricer: EdgePricer
     # Compute a weight stream costs per second it runs behind compute (`kernel_time`).
     contention: float = 0.0
+    # Compute a weight's stitching copies cost per second of copy (`kernel_time.copy_charge`).
+    copy_charge: float = 1.0
 
     def unary(self, key: str, c: int) -> float:
         f = self.finish.get(key)
@@ -168,9 +170,10 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
     memory, caps = memory_rows(graph, topology, nodes, layouts, sh)
+    mu = memory_bound_share(graph, topology, options.cost)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   tie_groups(graph, nodes), memory, caps, r, pricer,
-                  contention_share(topology, memory_bound_share(graph, topology, options.cost)))
+                  contention_share(topology, mu), copy_charge(topology, mu))
     if log.isEnabledFor(logging.INFO):
         seen = {id(e.matrix): e.matrix.shape for e in edges}
         log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",

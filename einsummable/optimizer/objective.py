@@ -13,7 +13,9 @@ time is modelled as
         compute (they cannot finish before their bytes have crossed); the copies that
         stitch a gathered weight together are device work and count in C in full
         (`EdgeCost.copy_s`: overlapping the wire does not take them off the device's
-        stream, where the compute runs), and so does the
+        stream, where the compute runs) or, where the devices copy on a copy stream
+        beside their kernels, the share μ the memory-bound kernels lose to them
+        (`Model.copy_charge`), and so does the
         compute the stream takes while it runs: κ W (`planning/kernel_time.py`,
         contention_share; per kernel, the simulator's rule gives this where W <= C).
         Where the transport charges per message, lowering sends every weight in one batch,
@@ -67,7 +69,7 @@ def split(model: Model, choice: Mapping[str, int]) -> Split:
         x = e.cost(choice[e.src], choice[e.dst])
         if is_weight_edge(model, e):
             w += x.in_batch_s - x.local_s
-            c += x.copy_s + model.contention * (x.in_batch_s - x.local_s)
+            c += model.copy_charge * x.copy_s + model.contention * (x.in_batch_s - x.local_s)
         else:
             a += x.seconds
     return Split(a, c, w)
@@ -92,7 +94,7 @@ def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, 
     share of the compute while it runs (C)."""
     if is_weight_edge(model, e):
         wire = x.in_batch_s - x.local_s
-        return 0.0, (x.copy_s + model.contention * wire, wire)
+        return 0.0, (model.copy_charge * x.copy_s + model.contention * wire, wire)
     return x.seconds, None
 
 

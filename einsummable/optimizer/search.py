@@ -69,7 +69,8 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
             for s_ in range(S):
                 seconds, local, copy = e.matrix.bounds[r][s_]
                 if weight:
-                    lb = max(floor + copy, e.matrix.estimate(r, s_).in_batch_s - local)
+                    lb = max(floor + model.copy_charge * copy,
+                             e.matrix.estimate(r, s_).in_batch_s - local)
                 else:
                     lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):

@@ -53,6 +53,10 @@ FALLBACK_DTYPE = "float32"
 # above the memory's would otherwise stall the kernel outright).
 MAX_MEMORY_TAKEN = 0.95
 MATMUL, ATTENTION, OTHER = "matmul", "attention", "other"
+# The share of a device's memory rate a copy on its copy stream takes while kernels run beside
+# it: two streams that both want all of it get half each (its bytes are read and written, so
+# it copies at half that rate).
+COPY_MEMORY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,14 @@ def kernel_time(op: Op, flops: float, nbytes: float, dtype: str, device,
     return KernelTime(flop_s, memory_s, device.launch_s)
 
 
+def memory_rate(device, mem_efficiency: float = 1.0) -> float:
+    """Bytes/s the device's memory passes at its achieved rate."""
+    return device.mem_bw * device.achieved.memory * mem_efficiency
+
+
 def memory_s(device, nbytes: float, mem_efficiency: float = 1.0) -> float:
     """Seconds for `nbytes` to pass through the device's memory at its achieved rate."""
-    return nbytes / (device.mem_bw * device.achieved.memory * mem_efficiency)
+    return nbytes / memory_rate(device, mem_efficiency)
 
 
 def copy_s(device, nbytes_moved: float, kernels: int = 1, mem_efficiency: float = 1.0) -> float:
@@ -110,14 +119,49 @@ def loaded_s(kt: KernelTime, device, rate: float, drain_s: float,
              mem_efficiency: float = 1.0) -> float:
     """Seconds of a kernel priced `kt` that starts while transfers touching `device` move
     `rate` bytes/s for `drain_s` more seconds (module docstring, contention)."""
+    return loaded_spans_s(kt, device, (Span(rate, 0.0, drain_s, True),), mem_efficiency)
+
+
+@dataclass(frozen=True)
+class Span:
+    """What loads a device for `seconds` (`network.Network.load`): transfers moving
+    `transfer_rate` bytes/s to or from it, copies on its copy stream moving `copy_rate`
+    bytes/s through its memory (read plus write), and whether one of them holds its
+    compute units (NCCL's kernels do; a copy engine does not)."""
+    transfer_rate: float
+    copy_rate: float
+    seconds: float
+    sms: bool
+
+
+def loaded_spans_s(kt: KernelTime, device, spans, mem_efficiency: float = 1.0) -> float:
+    """The contention rule piecewise: the loads of `spans` one after another from the
+    kernel's start (flows that end one by one). In a span the kernel does its work at
+    d / d_loaded of its rate, after the last at its full rate; with one span of transfers
+    this is launch + min(d_loaded, d + f τ). s is lost only where a flow holds compute units.
+    A copy stream's copies take memory beside the transfers' h, but two streams that both
+    want the memory share it: the kernel keeps at least half of what the transfers leave."""
     a = device.achieved
     d = max(kt.flop_s, kt.memory_s)
-    if rate <= 0 or drain_s <= 0 or d <= 0 or not (a.transfer_slowdown or a.transfer_memory):
+    if d <= 0 or not (a.transfer_slowdown or a.transfer_memory):
         return kt.total_s
-    taken = _memory_taken(device, rate, mem_efficiency)
-    d_loaded = max(kt.flop_s / (1.0 - a.transfer_slowdown), kt.memory_s / (1.0 - taken))
-    f = 1.0 - d / d_loaded
-    return kt.launch_s + min(d_loaded, d + f * drain_s)
+    left, spent = d, 0.0  # unloaded seconds of work left; seconds gone
+    for sp in spans:
+        if sp.seconds <= 0:
+            continue
+        slow = 1.0
+        if sp.transfer_rate > 0 or sp.copy_rate > 0:
+            h = _memory_taken(device, sp.transfer_rate, mem_efficiency)
+            if sp.copy_rate > 0:
+                copies = sp.copy_rate / memory_rate(device, mem_efficiency)
+                h = min(h + copies, MAX_MEMORY_TAKEN, 1.0 - (1.0 - h) / 2)
+            s = a.transfer_slowdown if sp.sms else 0.0
+            slow = max(kt.flop_s / (1.0 - s), kt.memory_s / (1.0 - h)) / d
+        if left * slow <= sp.seconds:
+            return kt.launch_s + spent + left * slow
+        spent += sp.seconds
+        left -= sp.seconds / slow
+    return kt.launch_s + spent + left
 
 
 def _memory_taken(device, rate: float, mem_efficiency: float = 1.0) -> float:
@@ -138,6 +182,17 @@ def contention_share(topology, memory_bound: float = 0.0, rate: float | None = N
         taken = _memory_taken(dev, r)
         best = max(best, (1.0 - memory_bound) * a.transfer_slowdown + memory_bound * taken)
     return best
+
+
+def copy_charge(topology, memory_bound: float = 0.0) -> float:
+    """The compute seconds a gathered weight's stitching copy costs per second it would take
+    on the compute stream: all of it there; on a copy stream (`Device.copy_stream`, every
+    device) only what the memory-bound kernels beside it lose, μ of it, since the two
+    streams share the memory and the copy's bytes still pass through it (compute-bound
+    kernels leave it the memory they do not use, and a copy engine holds no compute units)."""
+    if all(d.copy_stream for d in topology.devices):
+        return memory_bound
+    return 1.0
 
 
 def port_rate(topology, device: int) -> float:

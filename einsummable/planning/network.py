@@ -15,6 +15,8 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from .kernel_time import Span
+
 
 # A flow with less than this left is finished (float drift on integer byte counts).
 _DONE_BYTES = 1e-6
@@ -34,7 +36,10 @@ class Flow:
     remaining: float
     urgent: bool = True  # False: a prefetch, served from what urgent flows leave
     rate: float = 0.0
-    ends: tuple[int, ...] = ()  # sender and receiver, whose memory and compute it loads
+    # sender and receiver, whose memory and compute it loads; a copy on one device names it
+    # twice (its bytes are read and written there)
+    ends: tuple[int, ...] = ()
+    sms: bool = True  # it holds compute units while it runs (NCCL's kernels; not a copy engine)
 
 
 class Network:
@@ -101,18 +106,34 @@ class Network:
                     version[r] += 1
                     heapq.heappush(heap, (max(cap[r], 0.0) / count[r], r, version[r]))
 
-    def load(self, device: int, at: float, queued: float = 0.0) -> tuple[float, float]:
-        """The bytes/s R that running flows move to or from `device`, and how long after `at`
-        they go on (the kernel contention rule's R and τ): until the last of them ends at
-        today's rates, then `queued` more bytes (prefetches waiting their turn) at R."""
-        rate, end = 0.0, at
+    def load(self, device: int, at: float, queued: float = 0.0) -> tuple[Span, ...]:
+        """The kernel contention rule's spans from `at` (`kernel_time.Span`): one per flow
+        touching `device` ending, at today's rates (a flow ends and its rate leaves the
+        span after), then `queued` more bytes (prefetches waiting their turn) at the rate of
+        them all. A copy on the device's copy stream (`sms` False, the device named at both
+        ends) moves its bytes through the memory twice. Empty when nothing moves."""
+        mine = []
         for f in self.flows:
             if f.rate > 0 and device in f.ends:
-                rate += f.rate
-                end = max(end, self.now + f.remaining / f.rate)
-        if rate <= 0:
-            return 0.0, 0.0
-        return rate, end - at + queued / rate
+                copy = f.ends.count(device) > 1
+                mine.append((self.now + f.remaining / f.rate, 0.0 if copy else f.rate,
+                             2 * f.rate if copy else 0.0, f.sms))
+        if not mine:
+            return ()
+        mine.sort()
+        moved = sum(m[1] for m in mine)
+        copied = sum(m[2] for m in mine)
+        spans, since = [], at
+        for k, (end, moving, copying, _) in enumerate(mine):
+            if end > since:
+                spans.append(Span(moved, copied, end - since, any(m[3] for m in mine[k:])))
+                since = end
+            moved -= moving
+            copied -= copying
+        total = sum(m[1] + m[2] for m in mine)
+        spans.append(Span(sum(m[1] for m in mine), sum(m[2] for m in mine), queued / total,
+                          True))
+        return tuple(spans)
 
     def next_done(self) -> float:
         return min((self.now + f.remaining / f.rate for f in self.flows if f.rate > 0),

@@ -56,6 +56,10 @@ class Device:
     # compute just before such an exchange took 0.4-0.9 ms where a one-way hop took 0.15-0.2
     # (`commands/calibrate/rounds.py` fits it); 0 for NCCL, whose kernels spin on the GPU.
     exchange_wait_s: float = 0.0
+    # Whether the device copies a gathered weight's parts into place on a stream of its own,
+    # beside its kernels, as NCCL copies an all-gather's local shard inside its kernel on the
+    # communication stream (GPUs); False where one thread runs everything (gloo ranks).
+    copy_stream: bool = False
     # What the device achieves of the figures above, by kind of work (`achieved.py`).
     achieved: Achieved = field(default_factory=Achieved)
 
@@ -66,7 +70,7 @@ class Device:
     def __hash__(self) -> int:  # peak_flops is a dict: hash its items
         return hash((self.id, self.name, self.node, tuple(sorted(self.peak_flops.items())),
                      self.mem_bw, self.mem_bytes, self.launch_s, self.message_s,
-                     self.exchange_wait_s,
+                     self.exchange_wait_s, self.copy_stream,
                      self.achieved))
 
     def peak(self, dtype: Any) -> float:
@@ -319,6 +323,7 @@ class Topology:
                     "mem_bw": d.mem_bw, "mem_bytes": d.mem_bytes, "launch": d.launch_s,
                     **({"message": d.message_s} if d.message_s else {}),
                     **({"exchange_wait": d.exchange_wait_s} if d.exchange_wait_s else {}),
+                    **({"copy_stream": True} if d.copy_stream else {}),
                     **({"achieved": d.achieved.to_dict()} if not d.achieved.is_datasheet
                        else {})}
                    for d in self.devices]

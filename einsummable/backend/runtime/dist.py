@@ -191,9 +191,10 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         else:
             if code == _KERNEL and batch:  # host bookkeeping keeps the batch open
                 flush()
-            for b in rd:
-                if b in wait_for or b in unpacked:
-                    ready(b)
+            with st.beside(ins):  # a GPU's side stream waits for a queued copy's parts
+                for b in rd:
+                    if b in wait_for or b in unpacked:
+                        ready(b)
             if timeline is not None:
                 start = clock()
             run(st, ins)

@@ -6,6 +6,7 @@ kernels live on one torch device (`device=`, default the CPU; a GPU runs them wi
 asynchronous kernels, so a caller timing a run synchronises the device around it)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 
@@ -55,9 +56,27 @@ class RankState:
         self.outputs: dict[str, torch.Tensor] = {}
         self._ops = {op.name: op for op in self.graph.ops}
         self.const_bufs: dict[int, torch.Tensor] = {}  # buffers a Const filled: known values
+        # On a GPU, a prefetched weight's copies run on a side stream (`Assemble.queue`);
+        # buffer -> the event the compute stream waits on before its first read of it.
+        self._cuda = torch.device(device).type == "cuda"
+        self._side = None
+        self.pending: dict[int, object] = {}
 
     def get(self, b: int) -> torch.Tensor:
+        if self.pending:
+            event = self.pending.pop(b, None)
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
         return self.bufs[b]
+
+    def beside(self, ins):
+        """Where an instruction's waits for its received parts go: a queued Assemble's on
+        the side stream (on a GPU), so that the compute stream does not wait for them."""
+        if self._cuda and isinstance(ins, Assemble) and ins.queue:
+            if self._side is None:
+                self._side = torch.cuda.Stream(self.device)
+            return torch.cuda.stream(self._side)
+        return contextlib.nullcontext()
 
     def _runner(self, ins: Compute):
         """The instruction as one call on a rank's buffers: its op's kernel bound to its block
@@ -104,11 +123,32 @@ class RankState:
                                          device=self.device)
 
     def _assemble(self, ins: Assemble) -> None:
+        if self._cuda and ins.queue:
+            self._assemble_beside(ins)
+            return
         out = (torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
                if ins.alloc else self.get(ins.out))
         for src, a, b in ins.parts:
             out[_sl(b)] = self.get(src)[_sl(a)]
         self.bufs[ins.out] = out
+
+    def _assemble_beside(self, ins: Assemble) -> None:
+        """A prefetched weight's copies on the side stream, after what the compute stream
+        has queued so far (its parts); the compute stream waits for them at the buffer's
+        first read (`get`), not here."""
+        compute = torch.cuda.current_stream(self.device)
+        with self.beside(ins):
+            self._side.wait_stream(compute)
+            out = (torch.empty(ins.shape, dtype=TORCH_DTYPES[ins.dtype], device=self.device)
+                   if ins.alloc else self.bufs[ins.out])
+            for src, a, b in ins.parts:
+                out[_sl(b)] = self.get(src)[_sl(a)]
+            done = torch.cuda.Event()
+            done.record(self._side)
+        # the allocator must not hand the memory out again while the other stream uses it
+        out.record_stream(compute if ins.alloc else self._side)
+        self.bufs[ins.out] = out
+        self.pending[ins.out] = done
 
     def _pack(self, ins: Pack) -> None:
         self.bufs[ins.out] = torch.cat([self.get(b).reshape(-1) for b in ins.srcs])
@@ -128,6 +168,7 @@ class RankState:
 
     def _free(self, ins: Free) -> None:
         self.bufs.pop(ins.buf, None)
+        self.pending.pop(ins.buf, None)
         self.const_bufs.pop(ins.buf, None)
 
     def _output(self, ins: Output) -> None:

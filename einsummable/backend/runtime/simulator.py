@@ -12,13 +12,18 @@ topology (for cpu4: measured by `einsummable calibrate`):
                 memory rate), the optimizer's compute model (`planning/kernel_time.py`);
                 views (reshape, permute) relabel a block: free. Every kernel (compute,
                 reduce, assemble, const, pack, unpack) that starts while flows to or from its
-                rank run is slowed by them (`kernel_time.loaded_s`, contention: the device's
-                transfer_slowdown and transfer_memory, over the flows' rates and remaining
-                time at its start)
+                rank run is slowed by them (`kernel_time.loaded_spans_s`, contention: the
+                device's transfer_slowdown and transfer_memory, span by span as the flows
+                running at its start end, `Network.load`)
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
     reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one)
     assemble  = launch + 2 · copied bytes / memory rate       (read the parts, write the block;
-                receives that land in place copy nothing)
+                receives that land in place copy nothing). A prefetched weight's copies
+                (`Assemble.queue`) on a device with a copy stream take no time on the rank:
+                they are a flow through its memory at COPY_MEMORY_SHARE of the memory rate
+                (read and written), on a line of their own in program order, each once its
+                parts are there; the buffer's readers wait for it, and kernels beside it are
+                loaded by it (memory only: a copy engine holds no compute units)
     const     = launch + bytes / memory rate
     send      = launch + 2 · bytes / memory rate to pack a strided slice before it leaves
     message   = per Send and per Recv, the device's `message_s` (host work of the transport)
@@ -72,7 +77,14 @@ from ...core.program import (
 from ...errors import PlanError, RuntimeFault
 from ...frontend.ir import DTYPE_BYTES
 from ...planning.cost import CostModel
-from ...planning.kernel_time import KernelTime, kernel_time, loaded_s, memory_s
+from ...planning.kernel_time import (
+    COPY_MEMORY_SHARE,
+    KernelTime,
+    kernel_time,
+    loaded_spans_s,
+    memory_rate,
+    memory_s,
+)
 from ...planning.stack import stack
 from ...topology import load_topology
 from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
@@ -264,7 +276,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         else:
             queued = (sum(q.queued_bytes(r) for q in queues)
                       + sum(box.queued_bytes(r) for box in outbox)) if contended[r] else 0.0
-            dt = loaded_s(kt, dev, *net.load(r, start, queued), cost_model.mem_efficiency)
+            dt = loaded_spans_s(kt, dev, net.load(r, start, queued), cost_model.mem_efficiency)
         if pc[r] in batch_opens[r]:
             dt += dev.launch_s  # the batch's one p2p kernel
         if isinstance(ins, Send | Recv):
@@ -303,8 +315,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         Send never waits: the rank's communication engine takes it (`_Outbox`)."""
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
-        # An Unpack only names views of a packed receive: its readers wait, it does not.
-        waits_on = () if isinstance(ins, Unpack | Send) else reads(ins)
+        side = isinstance(ins, Assemble) and ins.queue > 0 and copy_stream[r]
+        # An Unpack only names views of a packed receive: its readers wait, it does not; a
+        # Send and a copy on the copy stream wait on their own lines.
+        waits_on = () if isinstance(ins, Unpack | Send) or side else reads(ins)
         for b in waits_on:
             for tag in recv_tag[r].get(b, ()):
                 if tag not in net.arrived:
@@ -316,7 +330,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 ready[r][b] = max(ready[r].get(b, 0.0), usable)
             start = max(start, ready[r].get(b, 0.0))
         record_shape(r, ins)
-        kt = kernel(r, ins)
+        kt = None if side else kernel(r, ins)
         dt = cost(r, ins, start, kt)
         if isinstance(ins, Compute) and kt is not None:
             compute[r] += kt.total_s  # the work itself; contention shows in the rank's end
@@ -350,12 +364,32 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                                + [net.arrived[x] for x in tags if x in net.arrived]))
             link_bytes[(r, ins.peer)] = link_bytes.get((r, ins.peer), 0) + size
             last_sent[r][ins.peer] = ins.tag
+        elif side:
+            post_copy(r, ins, start)
         elif not isinstance(ins, Free | Output):
             w = getattr(ins, "out", None)
             if w is not None:
                 ready[r][w] = t[r]
         pc[r] += 1
         return True
+
+    def post_copy(r: int, ins: Assemble, start: float) -> None:
+        """A prefetched weight's copies on r's copy stream (module docstring, assemble);
+        readers of `ins.out` wait for the flow as for a receive."""
+        dev = topo.devices[r]
+        copied = sum(_numel(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
+        tag = -1 - len(copies)  # apart from the program's tags
+        copies.append(tag)
+        rate = COPY_MEMORY_SHARE * memory_rate(dev, cost_model.mem_efficiency) / 2
+        flow = Flow(tag, ((f"copy{r}", rate),), dev.launch_s, float(copied), ends=(r, r),
+                    sms=False)
+        tags = [x for src, _, _ in ins.parts for x in recv_tag[r].get(src, ())]
+        for x in net.advance(max(net.now, start)):
+            wake(x)
+        outbox[r].post(r, 0, flow, {x for x in tags if x not in net.arrived},
+                       max([t[r]] + [ready[r].get(src, 0.0) for src, _, _ in ins.parts]
+                           + [net.arrived[x] for x in tags if x in net.arrived]))
+        recv_tag[r].setdefault(ins.out, []).append(tag)
 
     def crossed(r: int, tag: int) -> bool:
         """Whether message `tag` to r and r's last message to its sender were in flight at
@@ -385,6 +419,8 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                     net.start(flow)
 
     outbox = [_Outbox() for _ in range(n)]
+    copy_stream = [d.copy_stream for d in topo.devices]
+    copies: list[int] = []  # the copy streams' flow tags
     sender_of: dict[int, _Outbox] = {}  # tag in flight -> its sender's outbox
     lengths = [len(p.instrs) for p in low.programs]
     exchange_wait = [d.exchange_wait_s for d in topo.devices]
