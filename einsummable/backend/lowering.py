@@ -7,7 +7,7 @@ receives and forwards), its folds become Reduce, and each need is cut (Slice) or
 into place is received there directly (Alloc + Recv into a region). Each tuple becomes a Compute
 on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
-(the simulator sends them in order on a low-priority stream), and on devices with a copy stream
+(the simulator sends them in order on a low-priority stream), and on devices with a prefetch stream
 their stitching copies right behind them (`Assemble.queue`). Graph outputs are delivered whole to rank 0 the same way. Finally every
 buffer is freed after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
@@ -214,7 +214,7 @@ def _assemble_early(st: _State, info: TensorInfo, needs, queue: int, topology) -
     nothing. A need a held block already covers is left to `_deliver` (a view)."""
     for q, d in dict.fromkeys(needs):
         held = st.held.get(info.name, {}).get(d, ())
-        if topology.devices[d].copy_stream and not any(s == () and contains(r, q)
+        if topology.devices[d].prefetch_stream and not any(s == () and contains(r, q)
                                                        for r, s, _ in held):
             _assemble(st, info, d, q, queue)
 

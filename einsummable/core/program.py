@@ -59,7 +59,7 @@ class Assemble:
     """Buffer `out` of `shape` filled from parts (src buffer, region in src, region in out):
     a new buffer, or with `alloc` False the Alloc'd one whose other regions receives fill.
     `queue` > 0: a prefetched weight's copies, run on the device's copy stream beside its
-    kernels (`Device.copy_stream`) as the weight's prefetch queue `queue` arrives; readers of
+    kernels (`Device.prefetch_stream`) as the weight's prefetch queue `queue` arrives; readers of
     `out` wait for them."""
     out: int
     shape: tuple[int, ...]
@@ -198,6 +198,25 @@ def p2p_batches(instrs) -> set[int]:
         if isinstance(ins, Recv):
             open_recvs.add(ins.out)
     return opens
+
+
+def prefetch_batches(instrs, prefetched: set[int]) -> set[int]:
+    """Indices (of `p2p_batches`) of the batches whose every Send and Recv carries a tag in
+    `prefetched` (a weight prefetch's messages): a device with a prefetch stream launches
+    them there, not before its kernels."""
+    opens = p2p_batches(instrs)
+    out: set[int] = set()
+    start, pure = None, False
+    for i, (ins, keep) in enumerate(zip(instrs, batch_keepers(instrs))):
+        if i in opens or (not keep and not isinstance(ins, Send | Recv)):
+            if start is not None and pure:
+                out.add(start)
+            start, pure = (i, True) if i in opens else (None, False)
+        if start is not None and isinstance(ins, Send | Recv):
+            pure = pure and ins.tag in prefetched
+    if start is not None and pure:
+        out.add(start)
+    return out
 
 
 def writes(ins: Instr) -> int | None:

@@ -186,11 +186,11 @@ def contention_share(topology, memory_bound: float = 0.0, rate: float | None = N
 
 def copy_charge(topology, memory_bound: float = 0.0) -> float:
     """The compute seconds a gathered weight's stitching copy costs per second it would take
-    on the compute stream: all of it there; on a copy stream (`Device.copy_stream`, every
+    on the compute stream: all of it there; on a side stream (`Device.prefetch_stream`, every
     device) only what the memory-bound kernels beside it lose, μ of it, since the two
     streams share the memory and the copy's bytes still pass through it (compute-bound
     kernels leave it the memory they do not use, and a copy engine holds no compute units)."""
-    if all(d.copy_stream for d in topology.devices):
+    if all(d.prefetch_stream for d in topology.devices):
         return memory_bound
     return 1.0
 

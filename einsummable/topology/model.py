@@ -56,10 +56,11 @@ class Device:
     # compute just before such an exchange took 0.4-0.9 ms where a one-way hop took 0.15-0.2
     # (`commands/calibrate/rounds.py` fits it); 0 for NCCL, whose kernels spin on the GPU.
     exchange_wait_s: float = 0.0
-    # Whether the device copies a gathered weight's parts into place on a stream of its own,
-    # beside its kernels, as NCCL copies an all-gather's local shard inside its kernel on the
-    # communication stream (GPUs); False where one thread runs everything (gloo ranks).
-    copy_stream: bool = False
+    # Whether the device runs a weight's prefetch on streams beside its kernels: its
+    # transfers' launches (NCCL's stream) and the copies that stitch it into place (a side
+    # stream, as NCCL copies an all-gather's local shard inside its kernel) (GPUs); False
+    # where one thread runs everything (gloo ranks).
+    prefetch_stream: bool = False
     # What the device achieves of the figures above, by kind of work (`achieved.py`).
     achieved: Achieved = field(default_factory=Achieved)
 
@@ -70,7 +71,7 @@ class Device:
     def __hash__(self) -> int:  # peak_flops is a dict: hash its items
         return hash((self.id, self.name, self.node, tuple(sorted(self.peak_flops.items())),
                      self.mem_bw, self.mem_bytes, self.launch_s, self.message_s,
-                     self.exchange_wait_s, self.copy_stream,
+                     self.exchange_wait_s, self.prefetch_stream,
                      self.achieved))
 
     def peak(self, dtype: Any) -> float:
@@ -323,7 +324,7 @@ class Topology:
                     "mem_bw": d.mem_bw, "mem_bytes": d.mem_bytes, "launch": d.launch_s,
                     **({"message": d.message_s} if d.message_s else {}),
                     **({"exchange_wait": d.exchange_wait_s} if d.exchange_wait_s else {}),
-                    **({"copy_stream": True} if d.copy_stream else {}),
+                    **({"prefetch_stream": True} if d.prefetch_stream else {}),
                     **({"achieved": d.achieved.to_dict()} if not d.achieved.is_datasheet
                        else {})}
                    for d in self.devices]

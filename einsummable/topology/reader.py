@@ -13,7 +13,7 @@ YAML schema (see topologies/*.yaml for commented examples)::
              mem_bw: 1555 GB/s, mem_bytes: 40 GB, launch: 5 us,
              message: 40 us,               # optional: host time per point-to-point message
              exchange_wait: 500 us,        # optional: host time lost per two-way exchange wait
-             copy_stream: true}            # optional: weight copies on a stream beside kernels
+             prefetch_stream: true}        # optional: weight prefetch beside the kernels
     nodes: {count: 2, devices_per_node: 8, device_type: NAME, name: "{type}:{local}"}
       # ... or instead an explicit list:
     devices: [{id: 0, node: 0, name: gpu0, type: NAME}, ...]   # or inline spec keys

@@ -230,9 +230,9 @@ class DeviceSpec(_Part):
     message: Duration = Field(0.0, description="host time per point-to-point message")
     exchange_wait: Duration = Field(0.0, description="host time a rank loses waiting in a "
                                     "two-way exchange, e.g. 500 us for gloo ranks (0: none)")
-    copy_stream: bool = Field(False, description="whether the device copies a gathered "
-                              "weight's parts into place on a stream beside its kernels "
-                              "(GPUs: true; gloo ranks: false)")
+    prefetch_stream: bool = Field(False, description="whether the device runs a weight's "
+                                  "prefetch (its transfers' launches, its stitching copies) on "
+                                  "streams beside its kernels (GPUs: true; gloo ranks: false)")
     achieved: AchievedSpec | None = Field(None, description="achieved fractions of the "
                                           "datasheet figures")
 
@@ -241,7 +241,7 @@ class DeviceSpec(_Part):
         return {"peak_flops": self.peak_flops.model_dump(), "mem_bw": self.mem_bw,
                 "mem_bytes": self.mem_bytes, "launch_s": self.launch,
                 "message_s": self.message, "exchange_wait_s": self.exchange_wait,
-                "copy_stream": self.copy_stream,
+                "prefetch_stream": self.prefetch_stream,
                 "achieved": Achieved() if self.achieved is None
                 else self.achieved.to_achieved()}
 
@@ -268,7 +268,7 @@ class ExplicitDevice(_Part):
     launch: Duration | None = None
     message: Duration | None = None
     exchange_wait: Duration | None = None
-    copy_stream: bool | None = None
+    prefetch_stream: bool | None = None
     achieved: AchievedSpec | None = None
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ receive is posted and the rank waits only when it reads the buffer. Every term c
 topology (for cpu4: measured by `einsummable calibrate`):
 
     launch    = per kernel: Compute, Reduce, Assemble, Const, the pack of a strided send, and
-                one per p2p batch (a run of Send/Recv issued as one NCCL group). Place, Alloc,
+                one per p2p batch (a run of Send/Recv issued as one NCCL group; a weight
+                prefetch's batch on a device with a prefetch stream launches there). Place, Alloc,
                 Slice (views), Recv posting, Free and Output launch nothing.
     compute   = `kernel_time`: launch + max(tuple_flops / achieved rate, tuple_bytes / achieved
                 memory rate), the optimizer's compute model (`planning/kernel_time.py`);
@@ -19,7 +20,7 @@ topology (for cpu4: measured by `einsummable calibrate`):
     reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one)
     assemble  = launch + 2 · copied bytes / memory rate       (read the parts, write the block;
                 receives that land in place copy nothing). A prefetched weight's copies
-                (`Assemble.queue`) on a device with a copy stream take no time on the rank:
+                (`Assemble.queue`) on a device with a prefetch stream take no time on the rank:
                 they are a flow through its memory at COPY_MEMORY_SHARE of the memory rate
                 (read and written), on a line of their own in program order, each once its
                 parts are there; the buffer's readers wait for it, and kernels beside it are
@@ -72,19 +73,14 @@ from ...core.program import (
     Slice,
     Unpack,
     p2p_batches,
+    prefetch_batches,
     reads,
 )
 from ...errors import PlanError, RuntimeFault
 from ...frontend.ir import DTYPE_BYTES
 from ...planning.cost import CostModel
-from ...planning.kernel_time import (
-    COPY_MEMORY_SHARE,
-    KernelTime,
-    kernel_time,
-    loaded_spans_s,
-    memory_rate,
-    memory_s,
-)
+from ...planning.kernel_time import (COPY_MEMORY_SHARE, KernelTime, kernel_time, loaded_spans_s,
+                                     memory_rate, memory_s)
 from ...planning.stack import stack
 from ...topology import load_topology
 from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
@@ -183,8 +179,7 @@ STEADY_BLOCKS = 2
 CROSSING_MARGIN_S = 1e-9
 
 
-# Instructions that run a kernel on the device. Place (the block is already resident), Slice
-# (a view), Recv (posting a receive), Free and Output are bookkeeping: no launch.
+# Instructions that run a kernel on the device (Place, Slice, Recv, Free, Output: bookkeeping).
 KERNELS = (Compute, Reduce, Assemble, Const)
 
 
@@ -232,6 +227,11 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         return elem * _numel(shape)
 
     batch_opens = [p2p_batches(p.instrs) for p in low.programs]
+    # a weight prefetch's batches launch on the prefetch stream of a device that has one
+    prefetched = {i.tag for p in low.programs for i in p.instrs if isinstance(i, Send) and i.queue}
+    for r, p in enumerate(low.programs):
+        if topo.devices[r].prefetch_stream:
+            batch_opens[r] -= prefetch_batches(p.instrs, prefetched)
     contended = [bool(d.achieved.transfer_slowdown or d.achieved.transfer_memory)
                  for d in topo.devices]
 
@@ -315,7 +315,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         Send never waits: the rank's communication engine takes it (`_Outbox`)."""
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
-        side = isinstance(ins, Assemble) and ins.queue > 0 and copy_stream[r]
+        side = isinstance(ins, Assemble) and ins.queue > 0 and prefetch_stream[r]
         # An Unpack only names views of a packed receive: its readers wait, it does not; a
         # Send and a copy on the copy stream wait on their own lines.
         waits_on = () if isinstance(ins, Unpack | Send) or side else reads(ins)
@@ -419,7 +419,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                     net.start(flow)
 
     outbox = [_Outbox() for _ in range(n)]
-    copy_stream = [d.copy_stream for d in topo.devices]
+    prefetch_stream = [d.prefetch_stream for d in topo.devices]
     copies: list[int] = []  # the copy streams' flow tags
     sender_of: dict[int, _Outbox] = {}  # tag in flight -> its sender's outbox
     lengths = [len(p.instrs) for p in low.programs]

@@ -183,7 +183,7 @@ def render(fig: DeviceFigures, dt: DeviceType, name: str, command: str,
             f"    mem_bw: {si(dt.mem_bw, 'B/s')}\n"
             f"    mem_bytes: {si(dt.mem_bytes, 'B')}\n"
             f"    launch: {duration(dt.launch_s)}\n"
-            + ("    copy_stream: true\n" if fig.device.startswith("cuda") else "")
+            + ("    prefetch_stream: true\n" if fig.device.startswith("cuda") else "")
             + f"    achieved:\n"
             f"      matmul: {curve_yaml(a.matmul)}\n"
             f"      attention: {curve_yaml(a.attention)}\n"

@@ -1,5 +1,5 @@
-"""Copy streams: a prefetched weight's stitching copies run beside the kernels on GPUs
-(`Device.copy_stream`, `Assemble.queue`), and the contention rule that prices them, piecewise
+"""Prefetch streams: a weight prefetch's launches and stitching copies run beside the kernels
+on GPUs (`Device.prefetch_stream`, `Assemble.queue`, `program.prefetch_batches`), and the contention rule that prices them, piecewise
 over the flows' ends (`kernel_time.loaded_spans_s`, `network.Network.load`)."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from einsummable.backend.lowering import STEADY, lower
 from einsummable.backend.runtime.local import run_local
 from einsummable.backend.runtime.simulator import simulate_programs
-from einsummable.core.program import Assemble, Place, Recv
+from einsummable.core.program import (Assemble, Place, Recv, Reduce, Send, p2p_batches,
+                                      prefetch_batches)
 from einsummable.frontend.reference import evaluate
 from einsummable.optimizer.api import named_plan
 from einsummable.planning.kernel_time import (
@@ -27,8 +28,8 @@ from einsummable.topology import load_topology
 from helpers import inputs_for, mlp, rel_err
 
 
-def _without_copy_streams(topo):
-    return dataclasses.replace(topo, devices=tuple(dataclasses.replace(d, copy_stream=False)
+def _without_prefetch_streams(topo):
+    return dataclasses.replace(topo, devices=tuple(dataclasses.replace(d, prefetch_stream=False)
                                                    for d in topo.devices))
 
 
@@ -80,13 +81,13 @@ def _fsdp(tokens: int = 64):
     return g, named_plan(g, "a100x8", "fsdp", steady_state=True)
 
 
-def test_weight_copies_are_queued_where_the_devices_have_copy_streams():
+def test_weight_copies_are_queued_where_the_devices_have_prefetch_streams():
     g, plan = _fsdp()
     topo = plan.topology
-    assert all(d.copy_stream for d in topo.devices)
+    assert all(d.prefetch_stream for d in topo.devices)
     ins = inputs_for(g, 3)
     want = evaluate(g, ins)[g.outputs[0]]
-    for t, queued in ((topo, True), (_without_copy_streams(topo), False)):
+    for t, queued in ((topo, True), (_without_prefetch_streams(topo), False)):
         low = lower(g, plan.chosen, t)
         copies = [(p, i) for p in low.programs for i in p.instrs
                   if isinstance(i, Assemble) and i.queue]
@@ -99,18 +100,41 @@ def test_weight_copies_are_queued_where_the_devices_have_copy_streams():
         assert rel_err(got.float(), want.float()) <= 1e-3
 
 
-def test_copy_stream_takes_the_copies_off_the_compute_stream():
+def test_prefetch_stream_takes_the_copies_off_the_compute_stream():
     g, plan = _fsdp(4096)
     topo = plan.topology
     seen = {}
-    for t in (topo, _without_copy_streams(topo)):
+    for t in (topo, _without_prefetch_streams(topo)):
         low = lower(g, plan.chosen, t, deliver=STEADY)
         res = simulate_programs(low, t, trace=True, cost_model=plan.options.cost)
         on_stream = sum(end - start for r, pc, kind, _, start, end in res.trace
                         if kind == "Assemble" and low.programs[r].instrs[pc].queue)
         copies = sum(end - start for _, _, kind, _, start, end in res.trace
                      if kind == "Assemble")
-        seen[t.devices[0].copy_stream] = (res.time_s, on_stream, copies)
+        seen[t.devices[0].prefetch_stream] = (res.time_s, on_stream, copies)
     assert seen[True][1] == 0.0 and seen[False][2] > 0.0
     assert seen[True][0] < seen[False][0]
 
+
+
+def test_prefetch_batches_are_the_batches_of_prefetched_messages_only():
+    instrs = (Send(0, 1, 10, queue=1), Recv(1, 1, 11, (4,), "float32"),  # prefetch only
+              Reduce(2, "sum", (0, 1)),
+              Send(0, 1, 12, queue=2), Recv(3, 1, 13, (4,), "float32"),  # with an activation
+              Reduce(4, "sum", (0, 3)),
+              Recv(5, 1, 14, (4,), "float32"))                             # prefetch only
+    assert p2p_batches(instrs) == {0, 3, 6}
+    assert prefetch_batches(instrs, {10, 11, 12, 14}) == {0, 6}
+
+
+def test_prefetch_batches_launch_beside_the_kernels():
+    g, plan = _fsdp(4096)
+    topo = plan.topology
+    seen = {}
+    for t in (topo, _without_prefetch_streams(topo)):
+        low = lower(g, plan.chosen, t, deliver=STEADY)
+        res = simulate_programs(low, t, trace=True, cost_model=plan.options.cost)
+        seen[t.devices[0].prefetch_stream] = sum(end - start for _, _, kind, _, start, end
+                                                 in res.trace if kind in ("Send", "Recv"))
+    # the gathers' launches leave the ranks' streams (the steady-state hand-on's stay)
+    assert seen[True] < seen[False] / 2
