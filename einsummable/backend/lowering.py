@@ -3,7 +3,9 @@
 Walk the ops in order. For each input of each op, the producer's pieces and the consumer's
 needs go through `exchange.synthesize`; its transfers become Send/Recv pairs hop by hop (a relay
 receives and forwards), its folds become Reduce, and each need is cut (Slice) or stitched
-(Assemble) from the full buffers its device then holds; a received block that is only copied
+(Assemble) from the full buffers its device then holds; an activation several ops read is
+sent from its producer to the first of them, and from that reader's needs to the others
+(`placement.rereads`, as the optimizer prices it); a received block that is only copied
 into place is received there directly (Alloc + Recv into a region). Each tuple becomes a Compute
 on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
@@ -44,6 +46,7 @@ from ..core.program import (
 )
 from ..errors import PlanError
 from ..frontend.ir import Graph, TensorInfo, steady_pairs
+from ..planning.cost import consumer_needs
 from ..planning.exchange import synthesize
 from ..planning.placement import (
     INPUT_PREFIX,
@@ -51,7 +54,9 @@ from ..planning.placement import (
     check_candidate,
     input_needs,
     input_op,
+    needs_layout,
     output_layout,
+    rereads,
 )
 from ..planning.spec import tuples
 from ..planning.transfers import Exchange
@@ -198,10 +203,12 @@ def _covered(st: _State, name: str, dev: int, reg: Region) -> bool:
     return not todo
 
 
-def _exchange(st: _State, info: TensorInfo, needs, mode: str, topology) -> None:
+def _exchange(st: _State, info: TensorInfo, needs, mode: str, topology,
+              source: tuple | None = None) -> None:
     """Send every need of a tensor that its device does not already hold whole (delivered for
-    an earlier reader, or prefetched): exchanging it again would resend the same bytes."""
-    pieces, agg = st.layouts[info.name]
+    an earlier reader, or prefetched): exchanging it again would resend the same bytes. The
+    sends start from `source` (pieces, aggregation), by default the producer's layout."""
+    pieces, agg = source or st.layouts[info.name]
     todo = [(q, d) for q, d in needs if not _covered(st, info.name, d, q)]
     if todo:
         _apply(st, info, synthesize(info, pieces, todo, agg, topology, mode), agg)
@@ -219,8 +226,10 @@ def _assemble_early(st: _State, info: TensorInfo, needs, queue: int, topology) -
             _assemble(st, info, d, q, queue)
 
 
-def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[tuple[Region, int], int]:
-    """Buffers holding each (region, device) need of a tensor."""
+def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology,
+             source: tuple | None = None) -> dict[tuple[Region, int], int]:
+    """Buffers holding each (region, device) need of a tensor (sent from `source`, see
+    `_exchange`)."""
     g = st.graph
     out: dict[tuple[Region, int], int] = {}
     if info.kind == "constant":
@@ -230,7 +239,7 @@ def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology) -> dict[t
                 st.emit(d, Const(b, info.name, q))
                 out[(q, d)] = b
         return out
-    _exchange(st, info, needs, mode, topology)
+    _exchange(st, info, needs, mode, topology, source)
     for q, d in needs:
         if (q, d) not in out:
             out[(q, d)] = _assemble(st, info, d, q)
@@ -374,6 +383,10 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
                     _assemble_early(st, info, needs, fetched, topology)
             st.queue = 0
 
+    # An activation several ops read: the later readers' needs are sent from the needs of
+    # the first (`placement.rereads`), as the optimizer prices them.
+    heads = rereads(graph)
+    sources: dict[str, tuple] = {}
     seen = 0  # ops of `weighted` lowered so far
     for op in graph.ops:
         cand = choice[op.name]
@@ -381,7 +394,11 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
         fetch_weights(seen)
         bufs = []
         for i, name in enumerate(op.inputs):
-            bufs.append(_deliver(st, graph.tensor(name), input_needs(op, cand, i), mode, topology))
+            bufs.append(_deliver(st, graph.tensor(name), input_needs(op, cand, i), mode, topology,
+                                 sources.get(name)))
+        for name in dict.fromkeys(op.inputs):
+            if heads.get(name) == op.name:  # later readers start from what the head read
+                sources[name] = (needs_layout(consumer_needs(op, cand, name)), None)
         fetch_weights(seen + prefetch)
         pieces = output_layout(op, cand)
         multi = pieces[0].n_slices > 1

@@ -6,7 +6,7 @@ from typing import Sequence
 from ..frontend.ir import Graph
 from ..planning.candidates import OpCandidates, structural
 from ..planning.cost import ComputeCost, compute_cost, consumer_needs, finished_needs
-from ..planning.placement import output_layout
+from ..planning.placement import needs_layout, output_layout
 from ..planning.plan import Options
 from .pricing import EdgeMatrix, EdgePricer
 
@@ -68,6 +68,12 @@ class BuildMemo:
         where = tuple(i for i, n in enumerate(oc.op.inputs) if n == tensor)
         return self.get(("cols", sop, cands, where), lambda: _project(
             [consumer_needs(oc.op, c, tensor) for c in oc.cands]))
+
+    def projected_sources(self, oc: OpCandidates, tensor: str):
+        """A head reader's needs of `tensor` as the layouts its later readers read from
+        (`placement.rereads`): the projection of its candidates, and one layout per need."""
+        cols, needs = self.projected_needs(oc, tensor)
+        return cols, self.get(("sources", id(needs)), lambda: [needs_layout(n) for n in needs])
 
     def projected_finished(self, oc: OpCandidates):
         sop, cands = self.struct(oc)

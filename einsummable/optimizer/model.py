@@ -25,6 +25,13 @@ solves is
 The objective is not always that plain sum: with `Options.overlap` (the default) it is
 A + max(C, W) (`objective.py`).
 
+An activation read by several ops (`placement.rereads`) is delivered once from its producer,
+to its first reader (the head); every later reader's edge runs from the head, its rows the
+head's needs as layouts: w[e,r,s] is the exchange from need r (whole blocks where the head
+read them) to need s, 0 where s asks for nothing the head's devices lack. Lowering does the
+same, so a block gathered for the head (the sequence-parallel norm output read by the Q, K and
+V projections) is paid once, not once per reader.
+
 Steady state adds, for every block input x paired with a block output y of the same shape, an
 edge from y's producer to "input:x" whose needs are x's layout: the block must hand its output
 on in the layout its input came in, or pay the exchange that restores it.
@@ -45,7 +52,7 @@ from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
 from ..planning.kernel_time import contention_share, copy_charge
-from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate
+from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate, rereads
 from ..planning.plan import Options, Plan
 from .memo import BuildMemo
 from .memory import memory_rows
@@ -66,7 +73,8 @@ class EdgeTerm:
     rows: tuple[int, ...]          # src candidate -> layout index
     cols: tuple[int, ...]          # dst candidate -> needs index
     matrix: EdgeMatrix             # priced lazily (`search.solve_lazily`)
-    kind: str = "data"             # "data" or "steady" (output fed back to the block input)
+    kind: str = "data"             # "data", "reread" (from the head reader's needs,
+                                   # `placement.rereads`) or "steady" (output fed back)
 
     def cost(self, a: int, b: int) -> EdgeCost:
         """The exact cost (priced now if it was not yet)."""
@@ -127,13 +135,19 @@ def build_model(graph: Graph, topology, options: Options = Options(),
 
     # (src, dst, tensor, rows, layouts, cols, needs, agg, kind)
     specs = []
+    heads = rereads(graph)
     for op in graph.ops:
         for name in dict.fromkeys(op.inputs):
             if graph.tensor(name).kind == "constant":
                 continue
+            cols, needs = sh.projected_needs(nodes[op.name], name)
+            head = heads.get(name, op.name)
+            if head != op.name:  # a later reader: from the head's needs, folded and whole
+                rows, lay = sh.projected_sources(nodes[head], name)
+                specs.append((head, op.name, name, rows, lay, cols, needs, None, "reread"))
+                continue
             src = producer_key(graph, name)
             rows, lay = sh.projected_layouts(nodes[src])
-            cols, needs = sh.projected_needs(nodes[op.name], name)
             specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, "data"))
     pairs = steady_pairs(graph) if options.steady_state else ()
     if options.steady_state and not pairs:

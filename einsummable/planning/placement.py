@@ -117,6 +117,37 @@ def input_needs(op: Op, cand: Candidate, index: int) -> tuple[tuple[Region, int]
     return tuple(seen)
 
 
+def rereads(graph) -> dict[str, str]:
+    """Activations that several ops read, each mapped to its first reader in graph order: the
+    head. Lowering delivers the head's needs from the producer's layout; every later reader's
+    needs come from the head's (`needs_layout`), so a block the head gathered is not sent again,
+    and the optimizer prices each later reader from the head's needs, not once per reader from
+    the producer. Weights (prefetched on their own queues) and constants are left out, and so
+    is a tensor whose head does not read it whole (its needs would not be a layout of it)."""
+    readers: dict[str, list[str]] = {}
+    heads: dict[str, Op] = {}
+    for op in graph.ops:
+        for name in dict.fromkeys(op.inputs):
+            if graph.tensor(name).kind in ("weight", "constant"):
+                continue
+            readers.setdefault(name, []).append(op.name)
+            heads.setdefault(name, op)
+    return {name: heads[name].name for name, ops in readers.items()
+            if len(ops) > 1 and _reads_whole(heads[name], name, graph.tensor(name).shape)}
+
+
+def _reads_whole(op: Op, name: str, shape: tuple[int, ...]) -> bool:
+    """Whether op's tuples read every element of input `name` (those of one whole tuple do)."""
+    whole = tuple((0, n) for n in shape)
+    (t,) = tuples(op, Decomposition(tuple((m, 1) for m in op.modes)))
+    return any(r == whole for r, n in zip(t.in_regions, op.inputs) if n == name)
+
+
+def needs_layout(needs: Sequence[tuple[Region, int]]) -> tuple[Piece, ...]:
+    """A reader's needs as a layout: each (region, device) a whole block held there."""
+    return tuple(Piece(reg, d, 0, 1) for reg, d in needs)
+
+
 @lru_cache(maxsize=4096)
 def input_op(info: TensorInfo) -> Op:
     """The identity op whose output is a graph input: its layout is decomposed like an op's."""
