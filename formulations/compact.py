@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import Infeasible
-from .problem import MAX_PARTS, Problem
+from .problem import Problem
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class CEdge:
     rows: np.ndarray  # option of u -> row of cost (-1 outside u's domain)
     cols: np.ndarray  # option of v -> column of cost (-1 outside v's domain)
     cost: np.ndarray  # R x S, non-negative with a zero in every row and column
-    parts: np.ndarray | None = None  # MAX_PARTS x R x S (each likewise), when the problem has parts
+    parts: np.ndarray | None = None  # n_parts x R x S (each likewise), when the problem has parts
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Compact:
     memory: tuple[np.ndarray, ...] | None  # per class: resources x options
     side: tuple[CSide, ...]
     class_of: dict[str, int]
-    unary_parts: tuple[np.ndarray, ...] | None = None  # per class: MAX_PARTS x options
+    unary_parts: tuple[np.ndarray, ...] | None = None  # per class: n_parts x options
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -189,7 +189,7 @@ def compact(problem: Problem) -> Compact:
     dom = tuple(domain)
 
     # components: the plain cost, then each overlapping part (Problem)
-    k_parts = MAX_PARTS if problem.has_parts else 0
+    k_parts = problem.n_parts
     unary = [np.zeros((1 + k_parts, k)) for k in n_options]
     for n in problem.nodes:
         unary[class_of[n.name]][0] += np.asarray(n.costs)

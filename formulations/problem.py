@@ -20,8 +20,8 @@ Status = Literal["optimal", "time_limit"]
 # Feasibility tolerance, relative to the size of each constraint. Solvers work to ~1e-7 on
 # scaled rows; checking with the same slack keeps exhaustive and MIP answers comparable.
 FEAS_TOL = 1e-7
-# Overlapping parts of the objective (see Problem): compute and what streams behind it.
-MAX_PARTS = 2
+# Overlapping parts of the objective (see Problem): e.g. the compute path, and what streams
+# behind it on each level of a machine; every node and edge with parts gives the same number.
 
 
 def _floats(values, what: str) -> tuple[float, ...]:
@@ -47,8 +47,8 @@ class Node:
             raise InvalidProblem(f"node {self.name!r} has no options")
         if self.parts is not None:
             parts = tuple(_floats(p, f"node {self.name!r} parts") for p in self.parts)
-            if len(parts) != MAX_PARTS or any(len(p) != len(self.costs) for p in parts):
-                raise InvalidProblem(f"node {self.name!r}: parts must be {MAX_PARTS} rows of "
+            if not parts or any(len(p) != len(self.costs) for p in parts):
+                raise InvalidProblem(f"node {self.name!r}: parts must be one or more rows of "
                                      f"{len(self.costs)} costs")
             object.__setattr__(self, "parts", parts)
         if self.memory is not None:
@@ -89,10 +89,10 @@ class Edge:
         if self.parts is not None:
             parts = tuple(tuple(_floats(r, f"edge {self.src!r}->{self.dst!r} parts") for r in m)
                           for m in self.parts)
-            if len(parts) != MAX_PARTS or any(
+            if not parts or any(
                     len(m) != len(rows) or any(len(r) != len(rows[0]) for r in m) for m in parts):
-                raise InvalidProblem(f"edge {self.src!r}->{self.dst!r}: parts must be "
-                                     f"{MAX_PARTS} matrices shaped like cost")
+                raise InvalidProblem(f"edge {self.src!r}->{self.dst!r}: parts must be one or "
+                                     "more matrices shaped like cost")
             object.__setattr__(self, "parts", parts)
         for attr, bound in (("src_proj", len(rows)), ("dst_proj", len(rows[0]))):
             proj = getattr(self, attr)
@@ -125,9 +125,10 @@ class LinearConstraint:
 
 @dataclass(frozen=True)
 class Problem:
-    """Objective: Σ costs  +  max(Σ parts[0], Σ parts[1]) over the chosen options and cells.
-    Parts model two activities that overlap in time (e.g. compute and transfers streamed
-    behind it): only the longer one counts. Nodes and edges without parts add 0 to both."""
+    """Objective: Σ costs  +  max_k Σ parts[k] over the chosen options and cells. Parts model
+    activities that overlap in time (e.g. compute, and transfers streamed behind it): only the
+    longest counts. Every node and edge with parts gives the same number of them (`n_parts`);
+    those without add 0 to each."""
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...] = ()
     capacities: tuple[float, ...] | None = None
@@ -154,6 +155,9 @@ class Problem:
         self._validate()
 
     def _validate(self) -> None:
+        counts = {len(x.parts) for x in (*self.nodes, *self.edges) if x.parts is not None}
+        if len(counts) > 1:
+            raise InvalidProblem(f"nodes and edges give different numbers of parts: {sorted(counts)}")
         by_name = {}
         for n in self.nodes:
             if n.name in by_name:
@@ -206,9 +210,13 @@ class Problem:
                 option(n, c, f"side constraint {s.name!r}")
 
     @property
+    def n_parts(self) -> int:
+        """How many overlapping parts the objective has (0: none)."""
+        return next((len(x.parts) for x in (*self.nodes, *self.edges) if x.parts is not None), 0)
+
+    @property
     def has_parts(self) -> bool:
-        return any(n.parts is not None for n in self.nodes) or \
-            any(e.parts is not None for e in self.edges)
+        return self.n_parts > 0
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -237,18 +245,18 @@ def _proj(p: tuple[int, ...] | None, c: int) -> int:
 
 def objective(problem: Problem, assignment: Mapping[str, int]) -> float:
     total = 0.0
-    parts = [0.0] * MAX_PARTS
+    parts = [0.0] * problem.n_parts
     for n in problem.nodes:
         c = assignment[n.name]
         total += n.costs[c]
         if n.parts is not None:
-            for k in range(MAX_PARTS):
+            for k in range(len(parts)):
                 parts[k] += n.parts[k][c]
     for e in problem.edges:
         r, s = _proj(e.src_proj, assignment[e.src]), _proj(e.dst_proj, assignment[e.dst])
         total += e.cost[r][s]
         if e.parts is not None:
-            for k in range(MAX_PARTS):
+            for k in range(len(parts)):
                 parts[k] += e.parts[k][r][s]
     return total + max(parts) if problem.has_parts else total
 

@@ -63,7 +63,7 @@ import numpy as np
 
 from .compact import _classes
 from .errors import SolveFailed
-from .problem import MAX_PARTS, Problem
+from .problem import Problem
 
 # Bounds are reported this much (relative) below what the arithmetic gives, so that float
 # rounding in L's long sums cannot exclude a cell that a plan of cost exactly `upper` uses.
@@ -127,7 +127,7 @@ class Relaxation:
         nodes = {n.name: n for n in p.nodes}
         k_opts = [nodes[ms[0]].n_options for ms in members]
         unary = [np.zeros(k) for k in k_opts]
-        unary_parts = [np.zeros((MAX_PARTS, k)) for k in k_opts]
+        unary_parts = [np.zeros((p.n_parts, k)) for k in k_opts]
         for n in p.nodes:
             unary[class_of[n.name]] += n.costs
             if n.parts is not None:
@@ -139,7 +139,7 @@ class Relaxation:
         self.parts = p.has_parts  # z and the maxpart rows
         costs = [np.asarray(e.cost, dtype=float) for e in p.edges]
         self.shapes = [c.shape for c in costs]
-        mags = [float(np.abs(u).max()) for u in unary + unary_parts]
+        mags = [float(np.abs(u).max()) for u in unary + unary_parts if u.size]
         mags += [float(c.max()) for c in costs]
         mags += [float(np.abs(np.asarray(e.parts)).max()) for e in p.edges if e.parts is not None]
         self.scale = scale = max([m for m in mags if m > 0] or [1.0])
@@ -193,10 +193,10 @@ class Relaxation:
                             for c in range(k)], dtype=int)
             self.x.append(dom)
             row([(int(j), 1.0) for j in dom], 1.0, 1.0)
-        part_terms: list[list[tuple[int, float]]] = [[] for _ in range(MAX_PARTS)]
+        part_terms: list[list[tuple[int, float]]] = [[] for _ in range(p.n_parts)]
         if self.parts:
             for i, dom in enumerate(self.x):
-                for k in range(MAX_PARTS):
+                for k in range(p.n_parts):
                     part_terms[k] += [(int(j), -unary_parts[i][k, c] / scale)
                                       for c, j in enumerate(dom) if unary_parts[i][k, c]]
         self.ycols: list[np.ndarray | None] = []
@@ -221,7 +221,7 @@ class Relaxation:
             if self.parts and e.parts is not None:
                 pm = np.asarray(e.parts, dtype=float)
                 self.parts_now.append(pm.copy())
-                for k in range(MAX_PARTS):  # every cell, zeros too: later prices fill them
+                for k in range(p.n_parts):  # every cell, zeros too: later prices fill them
                     part_terms[k] += [(int(y[a, b]), -pm[k, a, b] / scale)
                                       for a in range(R) for b in range(S)]
             else:
@@ -232,7 +232,7 @@ class Relaxation:
             least = sum(min(0.0, float(u.min())) for u in unary) + sum(
                 min(0.0, float(costs[j].min())) for j, y in enumerate(self.ycols) if y is not None)
             z = col(1.0, (upper - least) / scale * (1 + 1e-6))
-            for k in range(MAX_PARTS):
+            for k in range(p.n_parts):
                 self.part_rows.append(row([(z, 1.0)] + part_terms[k], 0.0, np.inf))
         if p.capacities is not None:
             for k, cap in enumerate(p.capacities):

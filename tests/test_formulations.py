@@ -33,6 +33,7 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
     unit = draw(st.sampled_from([1.0, 1e-6, 1e3]))  # seconds are small numbers
     cost = st.integers(0, 20)
     use_mem = extras and draw(st.booleans())
+    k_parts = draw(st.integers(1, 3))  # overlapping parts: only the largest counts
     n_res = draw(st.integers(1, 2)) if use_mem else 0
     nodes = []
     for name, k in zip(names, ks):
@@ -40,9 +41,9 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
         if use_mem and draw(st.booleans()):
             mem = tuple(tuple(draw(st.lists(st.integers(0, 9), min_size=k, max_size=k))) for _ in range(n_res))
         npart = None
-        if parts and draw(st.booleans()):  # two overlapping parts: only the larger counts
+        if parts and draw(st.booleans()):
             npart = tuple(tuple(unit * c for c in draw(st.lists(cost, min_size=k, max_size=k)))
-                          for _ in range(2))
+                          for _ in range(k_parts))
         nodes.append(F.Node(name, tuple(unit * c for c in draw(st.lists(cost, min_size=k, max_size=k))), mem, npart))
     pairs = [(names[draw(st.integers(0, j - 1))], names[j]) for j in range(1, n) if draw(st.booleans())] if tree else [
         (names[i], names[j]) for j in range(n) for i in range(j) if draw(st.integers(0, 2)) == 0
@@ -64,7 +65,7 @@ def problems(draw, max_nodes: int = 6, tree: bool = False, extras: bool = True,
         epart = None
         if parts and draw(st.booleans()):
             epart = tuple(tuple(tuple(unit * draw(cost) for _ in range(rb)) for _ in range(ra))
-                          for _ in range(2))
+                          for _ in range(k_parts))
         edges.append(F.Edge(a, b, mat, pa, pb, epart))
     tie, fixed, side, caps, allowed = (), {}, (), None, {}
     if extras:
@@ -470,3 +471,13 @@ def test_lp_column_generation_recovers_from_an_infeasible_start():
     assert relax.active.all()
     assert abs(res.value - 5.0) <= 1e-6 * relax.scale
     assert res.support(0).tolist() == [[0, 1]]
+
+
+def test_parts_must_agree_in_number():
+    a = F.Node("a", (1.0, 2.0), parts=((1.0, 0.0), (0.0, 1.0)))
+    b = F.Node("b", (1.0,), parts=((1.0,), (0.0,), (2.0,)))
+    with pytest.raises(F.InvalidProblem, match="different numbers of parts"):
+        F.Problem((a, b))
+    three = F.Problem((F.Node("a", (0.0, 0.0), parts=((3.0, 1.0), (0.0, 2.0), (1.0, 2.5))),))
+    assert three.n_parts == 3
+    assert F.objective(three, {"a": 1}) == 2.5 and F.solve(three).objective == 2.5

@@ -22,9 +22,24 @@ time is modelled as
         whose route latencies and message costs are paid once, not once per weight: there
         each weight edge counts its batched seconds (`EdgeCost.batched_s`)
 
+On a machine of several levels (nodes joined by NICs) a weight stream that crosses nodes
+runs beside the activation exchanges inside them: they load different links. Let o_L(e) be
+the seconds exchange e keeps level L's links busy (its busiest level-L resource,
+`timing.level_busy`), s_L(e) = o_L(e) / max_L' o_L'(e) its share there, x_e its seconds
+(a weight's wire seconds) and F the folds of unfed outputs. Then
+
+    A'_L = sum_act x_e s_L(e),   W_L = sum_weights x_e s_L(e)
+    T(x) = F + max(A' + C, max_L (A'_L + W_L))           (A = F + A')
+
+On one level every share is 1 and T is A + max(C, W) again; the objective keeps that form.
+(Summing the weights' busy seconds o_L instead, as if the stream pipelined fully, put the
+h100x8x2 FSDP block at 0.77 of its simulated time; the whole seconds put it at 1.20: the
+simulator's stream overlaps a weight's last hops with the next one's first, not more.)
+
 T is not a sum of pairwise terms, but it is one MIP away: formulations.Problem takes
 "overlapping parts", an objective plain + max(part 0, part 1), and models the max as an
-epigraph variable z ≥ part 0, z ≥ part 1. A is the plain cost, C part 0, W part 1; the MIP
+epigraph variable z ≥ part 0, z ≥ part 1. A is the plain cost, C part 0, W part 1 (on
+several levels: F plain, A' + C part 0, A'_L + W_L part 1 + L); the MIP
 then minimises T itself, exactly, in one solve (an earlier Lagrangian search over
 A + (1 - β) C + β W needed several solves and could leave a duality gap). Extra incumbents (the
 named strategies) are scored with T too, so the result is never worse than any of them.
@@ -43,14 +58,37 @@ from .pricing import EdgeMatrix
 
 @dataclass(frozen=True)
 class Split:
-    """T's three parts for one choice, in seconds."""
+    """T's parts for one choice, in seconds: A (folds of unfed outputs included), C, W, and on
+    a machine of several levels F and per level (A'_L, W_L) (module docstring)."""
     activations_s: float
     compute_s: float
     weights_s: float
+    levels: tuple[tuple[float, float], ...] = ()
+    finish_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.activations_s + max(self.compute_s, self.weights_s)
+        if not self.levels:
+            return self.activations_s + max(self.compute_s, self.weights_s)
+        return max(self.activations_s + self.compute_s,
+                   max(self.finish_s + a + w for a, w in self.levels))
+
+
+def n_levels(model: Model) -> int:
+    """Levels the objective keeps apart: the topology's, or 1 (module docstring)."""
+    return len(model.topology.levels) if model.options.overlap else 1
+
+
+def level_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, ...]:
+    """The seconds cell x adds to each level's part (module docstring): its seconds (a
+    weight's wire seconds) times its share there. Where it is not priced yet, 0 (a lower
+    bound, as unpriced cells' estimates are)."""
+    n = n_levels(model)
+    top = max(x.levels, default=0.0)
+    if len(x.levels) != n or top <= 0:
+        return (0.0,) * n
+    seconds = x.in_batch_s - x.local_s if is_weight_edge(model, e) else x.seconds
+    return tuple(seconds * o / top for o in x.levels)
 
 
 def is_weight_edge(model: Model, e: EdgeTerm) -> bool:
@@ -58,21 +96,32 @@ def is_weight_edge(model: Model, e: EdgeTerm) -> bool:
 
 
 def split(model: Model, choice: Mapping[str, int]) -> Split:
-    """A, C and W of a choice (node -> candidate index), summed in a fixed order."""
-    a = c = w = 0.0
+    """A, C and W of a choice (node -> candidate index), summed in a fixed order, and on
+    several levels F and the per-level (A'_L, W_L)."""
+    a = c = w = f_s = 0.0
+    n = n_levels(model)
+    lv_a, lv_w = [0.0] * n, [0.0] * n
     for k in model.nodes:
         c += model.compute[k][choice[k]].total_s
         f = model.finish.get(k)
         if f:
-            a += f[choice[k]].seconds
+            f_s += f[choice[k]].seconds
+    a = f_s
     for e in model.edges:
         x = e.cost(choice[e.src], choice[e.dst])
-        if is_weight_edge(model, e):
-            w += x.in_batch_s - x.local_s
-            c += model.copy_charge * x.copy_s + model.contention * (x.in_batch_s - x.local_s)
+        weight = is_weight_edge(model, e)
+        if weight:
+            wire = x.in_batch_s - x.local_s
+            w += wire
+            c += model.copy_charge * x.copy_s + model.contention * wire
         else:
             a += x.seconds
-    return Split(a, c, w)
+        if n > 1:
+            for i, t in enumerate(level_terms(model, e, x)):
+                (lv_w if weight else lv_a)[i] += t
+    if n == 1:
+        return Split(a, c, w)
+    return Split(a, c, w, tuple(zip(lv_a, lv_w)), f_s)
 
 
 def objective_s(model: Model, choice: Mapping[str, int]) -> float:
@@ -88,14 +137,21 @@ def objective_s(model: Model, choice: Mapping[str, int]) -> float:
     return total
 
 
-def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple[float, float] | None]:
-    """A cell's plain cost and (C, W) parts in `overlap_problem`, for edge cost x: a weight
-    edge streams its wire seconds behind compute (W), stitches on the device and takes its
-    share of the compute while it runs (C)."""
+def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | None]:
+    """A cell's plain cost and parts in `overlap_problem`, for edge cost x: a weight edge
+    streams its wire seconds behind compute (W), stitches on the device and takes its share
+    of the compute while it runs (C); an activation edge is plain (A). On several levels
+    (module docstring) every edge has parts (A' + C, then A'_L + W_L per level)."""
+    n = n_levels(model)
     if is_weight_edge(model, e):
         wire = x.in_batch_s - x.local_s
-        return 0.0, (model.copy_charge * x.copy_s + model.contention * wire, wire)
-    return x.seconds, None
+        on_compute = model.copy_charge * x.copy_s + model.contention * wire
+        if n == 1:
+            return 0.0, (on_compute, wire)
+        return 0.0, (on_compute,) + level_terms(model, e, x)
+    if n == 1:
+        return x.seconds, None
+    return 0.0, (x.seconds,) + level_terms(model, e, x)
 
 
 def overlap_problem(model: Model, warm_start: Mapping[str, int] | None,
@@ -106,21 +162,23 @@ def overlap_problem(model: Model, warm_start: Mapping[str, int] | None,
     and T (non-decreasing in each), is at most its exact value; `unpriced_penalty` seconds
     join their plain cost (`search.solve_lazily`'s last solve under a time limit)."""
     nodes = []
+    n_parts = 1 + n_levels(model)
     for k, oc in model.nodes.items():
         mem = model.memory[k] if model.memory is not None else None
         f = model.finish.get(k)
         n = len(oc.cands)
         nodes.append(fm.Node(k, tuple(f[c].seconds if f else 0.0 for c in range(n)), mem,
-                             (tuple(model.compute[k][c].total_s for c in range(n)),
-                              (0.0,) * n)))
+                             (tuple(model.compute[k][c].total_s for c in range(n)),)
+                             + ((0.0,) * n,) * (n_parts - 1)))
     edges = []
     for e in model.edges:
         terms = [[_overlap_cell_terms(model, e, x) for x in row] for row in e.matrix.estimates()]
         pen = unpriced_penalties(e.matrix, unpriced_penalty)
         plain = tuple(tuple(t[0] + p for t, p in zip(row, prow))
                       for row, prow in zip(terms, pen))
-        if is_weight_edge(model, e):
-            parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms) for k in range(2))
+        if terms[0][0][1] is not None:
+            parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms)
+                          for k in range(n_parts))
             edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols, parts))
         else:
             edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols))

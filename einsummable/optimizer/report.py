@@ -89,9 +89,17 @@ def explain(plan: Plan, strategies: bool = True) -> str:
         lines.extend(_judged_lines(plan))
     if options.overlap:
         parts = split(model, mine)
-        lines.append(f"activation exchanges {parts.activations_s * MS:.4f} ms + max(compute "
-                     f"{parts.compute_s * MS:.4f} ms, weight exchanges "
-                     f"{parts.weights_s * MS:.4f} ms streamed behind it)")
+        if parts.levels:
+            names = [lv.name for lv in topology.levels]
+            lines.append(f"max(activation exchanges {parts.activations_s * MS:.4f} ms + compute "
+                         f"{parts.compute_s * MS:.4f} ms, per level the exchanges streamed "
+                         "beside it: " + ", ".join(
+                             f"{nm} {(parts.finish_s + a) * MS:.4f} + {w * MS:.4f} ms"
+                             for nm, (a, w) in zip(names, parts.levels)) + ")")
+        else:
+            lines.append(f"activation exchanges {parts.activations_s * MS:.4f} ms + max(compute "
+                         f"{parts.compute_s * MS:.4f} ms, weight exchanges "
+                         f"{parts.weights_s * MS:.4f} ms streamed behind it)")
     if totals:
         lines.append("named strategies: " + ", ".join(
             f"{n} {t * MS:.4f} ms" + (" (weights replicated)" if n in STRATEGY_WEIGHTS else "")

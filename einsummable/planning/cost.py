@@ -34,7 +34,7 @@ from .exchange import synthesize
 from .kernel_time import kernel_time
 from .placement import Candidate, Piece, input_needs, one_device_choice
 from .spec import tuples
-from .timing import exchange_parts, exchange_time, stitch_time
+from .timing import exchange_parts, exchange_time, level_busy, stitch_time
 from .transfers import MODES
 
 DEFAULT_FLOP_EFFICIENCY = 1.0
@@ -93,13 +93,16 @@ class EdgeCost:
     latencies and per-message host work once (`exchange_time(batched=True)`; where lowering
     sends every weight in one batch); None where that is `seconds` itself. `copy_s`: the
     busiest reader's stitching copies as device work (`timing.stitch_time`), overlapped or
-    not: a weight streamed behind compute takes that much of its reader's compute stream."""
+    not: a weight streamed behind compute takes that much of its reader's compute stream.
+    `levels`: per level of the topology, the seconds the exchange keeps that level's links
+    busy (`timing.level_busy`); () where it is not priced yet."""
     seconds: float
     nbytes: int
     rounds: int
     local_s: float = 0.0
     batched_s: float | None = None
     copy_s: float = 0.0
+    levels: tuple[float, ...] = ()
 
     @property
     def in_batch_s(self) -> float:
@@ -165,7 +168,7 @@ def exchange_cost(key: tuple, topology, mode: str) -> EdgeCost:
     return EdgeCost(seconds, ex.nbytes, ex.n_rounds, local,
                     exchange_time(ex, topology, batched=True)
                     if topology.charges_per_message else None,
-                    stitch_time(ex, topology))
+                    stitch_time(ex, topology), level_busy(ex, topology))
 
 
 def finished_needs(pieces: Sequence[Piece]) -> Needs:

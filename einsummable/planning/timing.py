@@ -75,6 +75,25 @@ def link_resources(link) -> tuple[tuple[str, float], ...]:
     return own + tuple(ports)
 
 
+def level_busy(ex: Exchange, topology) -> tuple[float, ...]:
+    """Per level of the topology's hierarchy (slow to fast), the seconds the exchange keeps
+    that level's links busy: o_L = max over the resources k of its level-L hops of
+    bytes_k / b_k (a stream of exchanges on a level takes at least the sum of these, and about
+    that where they pipeline). The objective lets a weight stream that crosses nodes run
+    beside activation exchanges inside them (`optimizer/objective.py`)."""
+    n = len(topology.levels)
+    load: list[dict[str, float]] = [{} for _ in range(n)]
+    rate: dict[str, float] = {}
+    for t in ex.transfers:
+        for a, c in zip(t.hops, t.hops[1:]):
+            level = load[topology.pair_level(a, c)]
+            for res, b in link_resources(topology.link(a, c)):
+                level[res] = level.get(res, 0.0) + t.nbytes
+                rate[res] = b
+    return tuple(max((x / rate[res] for res, x in level.items()), default=0.0)
+                 for level in load)
+
+
 def exchange_time(ex: Exchange, topology, batched: bool = False) -> float:
     """Seconds `ex` takes on `topology`: its programs replayed (`replay.py`) where the
     topology `replays`, else the round model below."""
