@@ -19,7 +19,7 @@ from ..planning.plan import Options, Plan
 # programs, no round barrier; 7: a weight's stitching copies charged in full to compute;
 # 8: copies and folds over packed trees, one send per peer at a time; 9: a weight's
 # stitching copies on the GPUs' copy streams, charged what they take from kernels).
-CACHE_VERSION = 11
+CACHE_VERSION = 12
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

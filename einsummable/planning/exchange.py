@@ -37,7 +37,10 @@ holder per slice is chosen (r itself, else the nearest), and the holders are fol
 topology's hierarchy, slow to fast: holders in other groups of the coarsest level first fold
 inside their group to the member nearest r, and only that one value crosses the slow level
 (partial sums inside a node first). At the finest level the values travel straight to r and r
-folds them in one reduce. The folded X at r is then a full source for the copy step above, so
+folds them in one reduce; a program that cuts each chunk into parts of at least
+RANK_REFERENCE_BYTES, folded one after another, is built beside it and the faster kept (r folds
+a part while the next arrives: a100x8 64 MiB reduce-scatter 0.257 -> 0.231 ms, all-reduce
+0.461 -> 0.419, NCCL's ring modelled at 0.433). The folded X at r is then a full source for the copy step above, so
 other readers of X receive it instead of re-reducing.
 
 *Routes and rounds.* A transfer follows topology.route (which relays around missing or slow
@@ -104,6 +107,7 @@ class _Synthesis:
         self.spread = spread and not self.naive
         self.sources: tuple = ()  # the producer's pieces, as lowering holds them
         self.trees = False  # fold partial sums down packed trees (`trees.tree_fold`)
+        self.pipeline = False  # fold each chunk in parts, one while the next arrives (`folds`)
         self.tree_schedule = None  # the links' loads every packed tree of this program sees
 
     def dist(self, a: int, b: int) -> float:
@@ -298,6 +302,15 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     trees = mode == "optimized" and not spread and (folds or worth_trees(sources, remote))
     _copy(b, list(sources), remote)
     plain = b.build()
+    if mode == "optimized" and len({p.slice for p in produced}) > 1:
+        p = _synthesis(info, produced, topology, mode, spread)
+        p.pipeline = True
+        sources_p, remote_p = prepare(p)
+        if len(p.reduces) > len(b.reduces):  # some chunk was cut: a different program
+            _copy(p, list(sources_p), remote_p)
+            piped = p.build()
+            if exchange_time(piped, topology) < exchange_time(plain, topology):
+                plain = piped
     if not trees:
         return plain
     t = _synthesis(info, produced, topology, mode, spread)

@@ -3,7 +3,8 @@
 For every output block and every distinct needed box X of it with k readers, X is cut into k
 chunks (reduce-scatter; `_scatter`) and chunk i is folded at reader i from one holder per
 slice: level by level of the topology, slow to fast (`_fold_tree`, `_gather`), or, where the
-synthesis asks for trees, up packed trees (`trees.tree_fold`). The naive mode folds every
+synthesis asks for trees, up packed trees (`trees.tree_fold`), or, where it asks to pipeline,
+in parts folded one after another (`_pipelined`). The naive mode folds every
 need at its reader from the owners directly (`_fold_direct`). The folded chunks are the full
 sources the copy step then delivers. The synthesis object `b` is `exchange._Synthesis`.
 """
@@ -15,7 +16,13 @@ from ..core.geometry import Region, cut_along, intersect, volume
 from ..errors import PlanError
 from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES
-from .trees import tree_fold
+from .trees import chunks, tree_fold
+
+# A fold's chunk is cut into up to this many parts (`_Synthesis.pipeline`), each sent and
+# folded on its own, so that the reducer folds one part while the next arrives (a reduce of
+# the whole chunk waits for all of it): the pipelining NCCL's ring gets from its chunked
+# steps. Each part costs a reduce launch and a stitch, so synthesis keeps the faster.
+FOLD_PARTS = 8
 
 
 def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
@@ -46,8 +53,16 @@ def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, 
                     full.extend((part, r, rnd)
                                 for part, rnd in tree_fold(b, chunk, r, holders, block))
                 else:
-                    full.append((chunk, r, _fold_tree(b, chunk, r, holders, block)))
+                    parts = _pipelined(chunk, b.elem) if b.pipeline else [chunk]
+                    full.extend((part, r, _fold_tree(b, part, r, holders, block))
+                                for part in parts)
     return full
+
+
+def _pipelined(x: Region, itemsize: int) -> list[Region]:
+    """x cut into row-major parts folded one after another (`FOLD_PARTS`)."""
+    k = max(1, min(FOLD_PARTS, int(volume(x) * itemsize // RANK_REFERENCE_BYTES)))
+    return chunks(x, k)
 
 
 def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
@@ -142,7 +157,12 @@ def _gather(b, x: Region, target: int, items: list[tuple[int, tuple[int, ...], i
     out = _gather(b, x, target, groups.pop(mine, []), level + 1, block)
     for g in sorted(groups):
         members = groups[g]
-        leader = min((it[0] for it in members), key=lambda dev: (b.dist(dev, target), dev))
+        # the member nearest the target; among equals, the one at the target's place in its
+        # own group (its rail: each GPU's NIC reaches its peer's), so chunks for different
+        # targets cross at different members, not all at the group's first
+        leader = min((it[0] for it in members),
+                     key=lambda dev: (b.dist(dev, target), not _aligned(b.topo, level, dev, target),
+                                      dev))
         vals = _gather(b, x, leader, members, level + 1, block)
         ss = tuple(sorted(s for v, _ in vals for s in v))
         ready = vals[0][1] if len(vals) == 1 else b.reduce(leader, x, vals, ss)
@@ -151,3 +171,10 @@ def _gather(b, x: Region, target: int, items: list[tuple[int, tuple[int, ...], i
     return out
 
 
+
+
+def _aligned(topo, level: int, a: int, b: int) -> bool:
+    """Whether a and b sit at the same place in their groups of topology level `level`."""
+    groups = topo.levels[level].groups
+    ga, gb = groups[topo.group_of(level, a)], groups[topo.group_of(level, b)]
+    return len(ga) == len(gb) and ga.index(a) == gb.index(b)
