@@ -24,23 +24,27 @@ def test_all_reduce_pattern_spreads_reducers_and_costs_about_a_ring():
     assert exchange_time(ex, topo) < 1.5 * ring
 
 
-def test_chunked_fold_runs_exactly():
+def _partial_sums_read_by_all(rows: int, k: int, cols: int, n: int):
+    """x @ w with k split n ways (partial results), then a map every device reads all of:
+    the graph, its choice on n devices, the output, and inputs."""
     b = es.Builder()
-    x, w = b.input("x", (512, 256)), b.weight("w", (256, 1024))
-    y = b.einsum("ik,kj->ij", x, w)          # k split: partial results of 2 MiB
-    z = b.map(arg(0) * 2.0, y)               # every device reads all of y
+    x, w = b.input("x", (rows, k)), b.weight("w", (k, cols))
+    y = b.einsum("ik,kj->ij", x, w)
+    z = b.map(arg(0) * 2.0, y)
     g = b.build([z])
     mm, ew = g.ops
-    devs = list(range(4))
-    choice = {mm.name: place(mm, {"k": 4}, devs), ew.name: place(ew, {}, devs),
-              INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {"b": 4}, devs),
-              INPUT_PREFIX + "w": place(input_op(g.tensor("w")), {"a": 4}, devs)}
-    low = lower(g, choice, synthetic(4))
+    devs = list(range(n))
+    choice = {mm.name: place(mm, {"k": n}, devs), ew.name: place(ew, {}, devs),
+              INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {"b": n}, devs),
+              INPUT_PREFIX + "w": place(input_op(g.tensor("w")), {"a": n}, devs)}
     torch.manual_seed(0)
-    inputs = {"x": torch.randn(512, 256), "w": torch.randn(256, 1024)}
-    got = run_local(low, inputs)[z.name]
-    want = es.evaluate(g, inputs)[z.name]
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    return g, choice, z.name, {"x": torch.randn(rows, k), "w": torch.randn(k, cols)}
+
+
+def test_chunked_fold_runs_exactly():
+    g, choice, z, inputs = _partial_sums_read_by_all(512, 256, 1024, 4)  # 2 MiB partials
+    got = run_local(lower(g, choice, synthetic(4)), inputs)[z]
+    torch.testing.assert_close(got, es.evaluate(g, inputs)[z], rtol=1e-5, atol=1e-4)
 
 
 def test_pipelined_fold_is_kept_where_faster_and_runs_exactly(monkeypatch):
@@ -60,22 +64,11 @@ def test_pipelined_fold_is_kept_where_faster_and_runs_exactly(monkeypatch):
     assert len(whole.reduces) == 8
     assert exchange_time(ex, topo) < 0.95 * exchange_time(whole, topo)
 
-    bld = es.Builder()
-    x, w = bld.input("x", (2048, 64)), bld.weight("w", (64, 2048))
-    y = bld.einsum("ik,kj->ij", x, w)          # k split 8 ways: 16 MiB of partial sums
-    z = bld.map(arg(0) * 2.0, y)               # every device reads all of y
-    g = bld.build([z])
-    mm, ew = g.ops
-    devs = list(range(8))
-    choice = {mm.name: place(mm, {"k": 8}, devs), ew.name: place(ew, {}, devs),
-              INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {"b": 8}, devs),
-              INPUT_PREFIX + "w": place(input_op(g.tensor("w")), {"a": 8}, devs)}
+    g, choice, z, inputs = _partial_sums_read_by_all(2048, 64, 2048, 8)  # 16 MiB partials
     low = lower(g, choice, topo)
     assert sum(type(i).__name__ == "Reduce" for prog in low.programs for i in prog.instrs) > 8
-    torch.manual_seed(0)
-    inputs = {"x": torch.randn(2048, 64), "w": torch.randn(64, 2048)}
-    got = run_local(low, inputs)[z.name]
-    torch.testing.assert_close(got, es.evaluate(g, inputs)[z.name], rtol=1e-5, atol=1e-4)
+    got = run_local(low, inputs)[z]
+    torch.testing.assert_close(got, es.evaluate(g, inputs)[z], rtol=1e-5, atol=1e-4)
 
 
 def test_partial_sums_cross_nodes_on_every_rail():
