@@ -80,7 +80,7 @@ from .routes import RANK_REFERENCE_BYTES, routes_for
 from .timing import exchange_time
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
 from .folds import reduce_partials
-from .trees import tree_copy, worth_trees
+from .trees import scatter_copy, tree_copy, worth_trees
 
 # --------------------------------------------------------------------------- synthesis
 
@@ -294,8 +294,9 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     """The copy step from the full sources `prepare(b)` gives (the producer's pieces, or the
     folded partial sums) to the needs it gives: the plain program, and in the optimized
     mode where a block has several remote readers or more than two partial slices fold,
-    also the packed-tree program (`trees.py`: folds up and copies down packed trees); the
-    faster under `exchange_time` is kept."""
+    also the packed-tree program (`trees.py`: folds up and copies down packed trees), and
+    the scatter-then-gather program where it applies (`trees.scatter_copy`); the fastest
+    under `exchange_time` is kept."""
     b = _synthesis(info, produced, topology, mode, spread)
     sources, remote = prepare(b)
     folds = len({p.slice for p in produced}) > 2
@@ -321,7 +322,14 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     else:
         _copy(t, list(sources), remote)
     packed = t.build()
-    return packed if exchange_time(packed, topology) < exchange_time(plain, topology) else plain
+    best = packed if exchange_time(packed, topology) < exchange_time(plain, topology) else plain
+    sc = _synthesis(info, produced, topology, mode, spread)
+    sources, remote = prepare(sc)
+    if worth_trees(sources, remote) and scatter_copy(sc, sources, remote):
+        scattered = sc.build()
+        if exchange_time(scattered, topology) < exchange_time(best, topology):
+            return scattered
+    return best
 
 
 def _meets(a: Region, b: Region) -> bool:

@@ -87,22 +87,7 @@ def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
     over packed chunk trees (module docstring), emitting transfers and stitches on the
     synthesis `b` (`exchange._Synthesis`). Sources are a layout's pieces: boxes that are
     disjoint or equal (replicas)."""
-    holders: dict[Region, list[tuple[int, int]]] = {}
-    for reg, dev, ready in sources:
-        holders.setdefault(reg, []).append((dev, ready))
-    # cut -> (the source region it is cut from, the needs (region, device) that read it)
-    groups: dict[Region, tuple[Region, list[tuple[Region, int]]]] = {}
-    parts: dict[tuple[Region, int], list[tuple[Region, bool]]] = {}
-    for q, d in dict.fromkeys(needs):
-        got = parts.setdefault((q, d), [])
-        for reg, held in holders.items():
-            cut = intersect(reg, q)
-            if cut is None:
-                continue
-            if any(dev == d for dev, _ in held):
-                got.append((cut, False))
-            else:
-                groups.setdefault(cut, (reg, []))[1].append((q, d))
+    holders, groups, parts = _groups(sources, needs)
     sched = _schedule(b)
     # Chunk j of every block before chunk j + 1 of any: the trees of early chunks take the
     # free links first.
@@ -119,6 +104,68 @@ def tree_copy(b, sources: Sequence[tuple[Region, int, int]],
             for q, d in readers:
                 if d in reached:
                     parts[(q, d)].append((cs[j], True))
+    _stitch_all(b, parts)
+
+
+def scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
+                 needs: Sequence[tuple[Region, int]]) -> bool:
+    """Deliver every need as a scatter, then an all-gather among the readers: a block its
+    readers D lack is cut into |D| m row-major chunks, chunk i sent from its nearest holder
+    to reader D[i mod |D|], which sends it on to every other reader. The holder sends the
+    block once, every reader forwards 1 / |D| of it, and what a reader forwards is all it
+    copies again (a forwarded buffer cannot land in place), where a relay in a packed tree
+    may forward most of the block. m chunks per reader (CHUNK_BYTES or more each) pipeline
+    the two phases. Returns False, emitting nothing, where the program would exceed the
+    transfer budget with two chunks per reader (many blocks: an all-gather), or a block
+    gives a reader less than CHUNK_BYTES: small blocks gain little by the relay, and on some
+    small cells whose readers hold parts of the block the replay put this program up to 14%
+    above the simulator (a copy counted that lowering does not make; not traced yet)."""
+    holders, groups, parts = _groups(sources, needs)
+    fan = sum(len({d for _, d in readers}) ** 2 for _, readers in groups.values())
+    if not fan or 2 * fan > TRANSFER_BUDGET or any(
+            volume(cut) * b.elem < len({d for _, d in readers}) * CHUNK_BYTES
+            for cut, (_, readers) in groups.items()):
+        return False
+    for cut, (reg, readers) in groups.items():
+        devs = list(dict.fromkeys(d for _, d in readers))
+        m = max(1, min(MAX_CHUNKS, TRANSFER_BUDGET // fan,
+                       int(volume(cut) * b.elem // (len(devs) * CHUNK_BYTES))))
+        for i, piece in enumerate(chunks(cut, len(devs) * m)):
+            relay = devs[i % len(devs)]
+            dev, ready = min(holders[reg], key=lambda h: (b.dist(h[0], relay), h[0]))
+            at = b.send(dev, relay, piece, ready, within=reg)
+            for d in devs:
+                if d != relay:
+                    b.send(relay, d, piece, at)
+        for q, d in readers:
+            parts[(q, d)].append((cut, True))
+    _stitch_all(b, parts)
+    return True
+
+
+def _groups(sources, needs):
+    """(holders: region -> [(device, ready round)], groups: cut -> (the source region it is
+    cut from, the needs (region, device) that read it, remote), parts: need -> [(part,
+    received?)] with the local parts already in)."""
+    holders: dict[Region, list[tuple[int, int]]] = {}
+    for reg, dev, ready in sources:
+        holders.setdefault(reg, []).append((dev, ready))
+    groups: dict[Region, tuple[Region, list[tuple[Region, int]]]] = {}
+    parts: dict[tuple[Region, int], list[tuple[Region, bool]]] = {}
+    for q, d in dict.fromkeys(needs):
+        got = parts.setdefault((q, d), [])
+        for reg, held in holders.items():
+            cut = intersect(reg, q)
+            if cut is None:
+                continue
+            if any(dev == d for dev, _ in held):
+                got.append((cut, False))
+            else:
+                groups.setdefault(cut, (reg, []))[1].append((q, d))
+    return holders, groups, parts
+
+
+def _stitch_all(b, parts) -> None:
     for (q, d), got in parts.items():
         if volume(q) != sum(volume(r) for r, _ in got):
             raise PlanError(f"tensor {b.info.name!r}: region {q} needed on device {d} is not "
