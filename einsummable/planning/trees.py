@@ -116,15 +116,10 @@ def scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
     copies again (a forwarded buffer cannot land in place), where a relay in a packed tree
     may forward most of the block. m chunks per reader (CHUNK_BYTES or more each) pipeline
     the two phases. Returns False, emitting nothing, where the program would exceed the
-    transfer budget with two chunks per reader (many blocks: an all-gather), or a block
-    gives a reader less than CHUNK_BYTES: small blocks gain little by the relay, and on some
-    small cells whose readers hold parts of the block the replay put this program up to 14%
-    above the simulator (a copy counted that lowering does not make; not traced yet)."""
+    transfer budget with two chunks per reader (many blocks: an all-gather)."""
     holders, groups, parts = _groups(sources, needs)
     fan = sum(len({d for _, d in readers}) ** 2 for _, readers in groups.values())
-    if not fan or 2 * fan > TRANSFER_BUDGET or any(
-            volume(cut) * b.elem < len({d for _, d in readers}) * CHUNK_BYTES
-            for cut, (_, readers) in groups.items()):
+    if not fan or 2 * fan > TRANSFER_BUDGET:
         return False
     for cut, (reg, readers) in groups.items():
         devs = list(dict.fromkeys(d for _, d in readers))
@@ -137,8 +132,8 @@ def scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
             for d in devs:
                 if d != relay:
                     b.send(relay, d, piece, at)
-        for q, d in readers:
-            parts[(q, d)].append((cut, True))
+            for q, d in readers:
+                parts[(q, d)].append((piece, True))
     _stitch_all(b, parts)
     return True
 
