@@ -176,7 +176,7 @@ def overlap_problem(model: Model, warm_start: Mapping[str, int] | None,
         pen = unpriced_penalties(e.matrix, unpriced_penalty)
         plain = tuple(tuple(t[0] + p for t, p in zip(row, prow))
                       for row, prow in zip(terms, pen))
-        if terms[0][0][1] is not None:
+        if is_weight_edge(model, e) or n_parts > 2:  # cells with parts (`_overlap_cell_terms`)
             parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms)
                           for k in range(n_parts))
             edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols, parts))

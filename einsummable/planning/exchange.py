@@ -40,8 +40,8 @@ inside their group to the member nearest r, and only that one value crosses the 
 folds them in one reduce; a program that cuts each chunk into parts of at least
 RANK_REFERENCE_BYTES, folded one after another, is built beside it and the faster kept (r folds
 a part while the next arrives: a100x8 64 MiB reduce-scatter 0.257 -> 0.231 ms, all-reduce
-0.461 -> 0.419, NCCL's ring modelled at 0.433). The folded X at r is then a full source for the copy step above, so
-other readers of X receive it instead of re-reducing.
+0.461 -> 0.419, NCCL's ring modelled at 0.433). The folded X at r is then a full source for
+the copy step above, so other readers of X receive it instead of re-reducing.
 
 *Routes and rounds.* A transfer follows topology.route (which relays around missing or slow
 links, e.g. the DGX-1 cube mesh); its hops list every device on the way. Transfers are placed
@@ -297,39 +297,43 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     also the packed-tree program (`trees.py`: folds up and copies down packed trees), and
     the scatter-then-gather program where it applies (`trees.scatter_copy`); the fastest
     under `exchange_time` is kept."""
+    def program(copy, **flags) -> Exchange | None:
+        """A synthesis with `flags` set, its sources prepared, then `copy` run on them; None
+        where `copy` declines (returns False)."""
+        b = _synthesis(info, produced, topology, mode, spread)
+        for flag, value in flags.items():
+            setattr(b, flag, value)
+        sources, remote = prepare(b)
+        return None if copy(b, sources, remote) is False else b.build()
+
+    def plain_copy(b, sources, remote) -> None:
+        _copy(b, list(sources), remote)
+
+    def tree_or_plain(b, sources, remote) -> None:
+        (tree_copy if worth_trees(sources, remote) else plain_copy)(b, sources, remote)
+
+    def scatter(b, sources, remote) -> bool:
+        return worth_trees(sources, remote) and scatter_copy(b, sources, remote)
+
+    def pipelined(b, sources, remote) -> bool | None:
+        if len(b.reduces) <= len(plain.reduces):  # no chunk was cut: the plain program
+            return False
+        return plain_copy(b, sources, remote)
+
     b = _synthesis(info, produced, topology, mode, spread)
     sources, remote = prepare(b)
-    folds = len({p.slice for p in produced}) > 2
-    trees = mode == "optimized" and not spread and (folds or worth_trees(sources, remote))
-    _copy(b, list(sources), remote)
+    optimized = mode == "optimized"
+    slices = len({p.slice for p in produced})
+    trees = optimized and not spread and (slices > 2 or worth_trees(sources, remote))
+    plain_copy(b, sources, remote)
     plain = b.build()
-    if mode == "optimized" and len({p.slice for p in produced}) > 1:
-        p = _synthesis(info, produced, topology, mode, spread)
-        p.pipeline = True
-        sources_p, remote_p = prepare(p)
-        if len(p.reduces) > len(b.reduces):  # some chunk was cut: a different program
-            _copy(p, list(sources_p), remote_p)
-            piped = p.build()
-            if exchange_time(piped, topology) < exchange_time(plain, topology):
-                plain = piped
-    if not trees:
-        return plain
-    t = _synthesis(info, produced, topology, mode, spread)
-    t.trees = True
-    sources, remote = prepare(t)
-    if worth_trees(sources, remote):
-        tree_copy(t, sources, remote)
-    else:
-        _copy(t, list(sources), remote)
-    packed = t.build()
-    best = packed if exchange_time(packed, topology) < exchange_time(plain, topology) else plain
-    sc = _synthesis(info, produced, topology, mode, spread)
-    sources, remote = prepare(sc)
-    if worth_trees(sources, remote) and scatter_copy(sc, sources, remote):
-        scattered = sc.build()
-        if exchange_time(scattered, topology) < exchange_time(best, topology):
-            return scattered
-    return best
+    found = [plain]
+    if optimized and slices > 1:
+        found.append(program(pipelined, pipeline=True))
+    if trees:
+        found += [program(tree_or_plain, trees=True), program(scatter)]
+    # the first of the fastest: a later program replaces an earlier one only if faster
+    return min((ex for ex in found if ex is not None), key=lambda ex: exchange_time(ex, topology))
 
 
 def _meets(a: Region, b: Region) -> bool:

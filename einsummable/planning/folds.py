@@ -171,8 +171,6 @@ def _gather(b, x: Region, target: int, items: list[tuple[int, tuple[int, ...], i
     return out
 
 
-
-
 def _aligned(topo, level: int, a: int, b: int) -> bool:
     """Whether a and b sit at the same place in their groups of topology level `level`."""
     groups = topo.levels[level].groups

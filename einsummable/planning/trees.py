@@ -121,13 +121,15 @@ def scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
     reader's forwards hold up a prefetch queue (a gathered weight: the llama-3-8b block on
     a100x8 simulated 1.5% slower with it)."""
     holders, groups, parts = _groups(sources, needs)
-    fan = sum(len({d for _, d in readers}) ** 2 for _, readers in groups.values())
+    devs_of = {cut: list(dict.fromkeys(d for _, d in readers))
+               for cut, (_, readers) in groups.items()}
+    fan = sum(len(devs) ** 2 for devs in devs_of.values())
     senders = {dev for reg, _ in groups.values() for dev, _ in holders[reg]}
-    readers_all = {d for _, readers in groups.values() for _, d in readers}
+    readers_all = {d for devs in devs_of.values() for d in devs}
     if not fan or 2 * fan > TRANSFER_BUDGET or 2 * len(senders) > len(readers_all):
         return False
     for cut, (reg, readers) in groups.items():
-        devs = list(dict.fromkeys(d for _, d in readers))
+        devs = devs_of[cut]
         m = max(1, min(MAX_CHUNKS, TRANSFER_BUDGET // fan,
                        int(volume(cut) * b.elem // (len(devs) * CHUNK_BYTES))))
         for i, piece in enumerate(chunks(cut, len(devs) * m)):
