@@ -17,8 +17,9 @@ and off the egress and ingress port of each device it passes; repeat until no cy
 capacity left. An arc's capacity starts at its link's rate (lanes × lane rate); a device's
 port at the port's rate. On NVSwitch (every pair linked through one port per device) that is
 one ring at the port rate; on the DGX-1 hybrid cube mesh, rings over single and doubled
-NVLinks until each GPU's six lanes are spent. Where no cycle over dedicated links exists, the
-one ring is g_0→g_1→…→g_{L−1}→g_0 over the routes at its slowest hop (NCCL over PCIe).
+NVLinks until each GPU's six lanes are spent (`einsummable.planning.rings.greedy_rings`: the
+rings the exchange synthesis sends round on a mesh). Where no cycle over dedicated links
+exists, the one ring is g_0→g_1→…→g_{L−1}→g_0 over the routes at its slowest hop (NCCL over PCIe).
 
 **Achieved rates.** Each phase runs at a published fraction f of the model's rate (constants
 below, with their sources): f_nv on NVLink/NVSwitch, f_net on the network, f_p2p for vLLM's
@@ -34,6 +35,12 @@ point-to-point exchanges are simulated at.
     all_to_all(B)     =   (N−1)/N² · B / b +   (N−1) α    (B: the whole tensor)
     broadcast(B)      =             B / b +   (N−1) α    (pipelined down the ring; on
                                                           several nodes the flat ring only)
+
+  An all-to-all's pairs move B / N² each, point to point, so no fabric runs it faster than
+  its narrowest cut: for a set X of the node's devices, |X| (N − |X|) B / N² bytes enter X
+  over the links into it (each medium once, c_X), so all_to_all ≥ B / N² / min_X c_X /
+  (|X| (N − |X|)) (`Fabric.cut_pair_bw`; the DGX-1 cube's two quads meet over six lanes, a
+  bound of 1.6 ms for 1 GiB where the bus rate alone gives 0.8).
 
 **Several nodes** (M nodes of L devices, one NIC per device at rate n, rail-optimised; α_n
 the network latency). NCCL takes the faster of its algorithms, so do we:
@@ -68,6 +75,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from einsummable.planning.rings import RING_SEARCH_MAX_DEVICES, Ring, dedicated, greedy_rings
 from einsummable.topology import Topology
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ring_pass", "broadcast")
@@ -93,13 +101,6 @@ VLLM_CUSTOM_AR_WORLDS = (2, 4, 6, 8)
 VLLM_CUSTOM_AR_ALIGN = 16
 VLLM_ONE_SHOT_BYTES = {4: 512 * 1024, 8: 256 * 1024}  # largest world -> below this, one-shot
 
-# Groups up to this size are searched for rings exactly (a depth-first search over cycles);
-# larger single-node groups on a switch use the switch rule, others the fallback ring.
-RING_SEARCH_MAX_DEVICES = 10
-# A ring's bottleneck below this fraction of the largest link rate counts as no capacity.
-CAPACITY_EPS = 1e-9
-
-
 @dataclass(frozen=True)
 class Rates:
     """Achieved fractions of the modelled rates (see the module docstring)."""
@@ -116,12 +117,6 @@ class Rates:
 
 ACHIEVED = Rates(NVLINK_BUSBW_FRACTION, NETWORK_BUSBW_FRACTION, NVLINK_P2P_FRACTION)
 PEAK = Rates(1.0, 1.0, 1.0)
-
-
-@dataclass(frozen=True)
-class Ring:
-    devices: tuple[int, ...]  # the cycle, first device not repeated
-    bw: float                 # B/s this ring carries
 
 
 @dataclass(frozen=True)
@@ -143,6 +138,7 @@ class Fabric:
     net_latency_s: float
     ingress_bw: float
     fully_connected: bool
+    cut_pair_bw: float = math.inf  # all-to-all: min over X of cap(into X) / (|X| (L - |X|))
 
     @property
     def size(self) -> int:
@@ -179,14 +175,30 @@ def fabric(topology: Topology, group: Sequence[int] | None = None) -> Fabric:
     per_node = [_node_rings(topology, n) for n in nodes]
     rings, bus_bw, latency = min(per_node, key=lambda r: r[1])
     nic_bw, net_lat = (_nics(topology, devices) if len(nodes) > 1 else (None, 0.0))
-    full = all(_dedicated(topology, a, b) for n in nodes for a in n for b in n if a != b)
+    full = all(dedicated(topology, a, b) is not None
+               for n in nodes for a in n for b in n if a != b)
     ingress = min((_ingress(topology, d, n) for n in nodes for d in n), default=math.inf)
-    return Fabric(devices, nodes, rings, bus_bw, latency, nic_bw, net_lat, ingress, full)
+    cut = min((_cut_pair_bw(topology, n) for n in nodes), default=math.inf)
+    return Fabric(devices, nodes, rings, bus_bw, latency, nic_bw, net_lat, ingress, full, cut)
 
 
-def _dedicated(topology: Topology, a: int, b: int) -> bool:
-    link = topology.link(a, b)
-    return link is not None and link.shared is None
+def _cut_pair_bw(topology: Topology, devs: tuple[int, ...]) -> float:
+    """The least, over the sets X of a node's devices, of the link capacity from the rest
+    into X (each medium once) per pair of devices across the cut: an all-to-all moves
+    |X| (L - |X|) B / N^2 bytes into X, so it takes at least B / N^2 over this rate."""
+    if not 2 <= len(devs) <= RING_SEARCH_MAX_DEVICES:
+        return math.inf
+    best = math.inf
+    for mask in range(1, 2 ** len(devs) - 1):
+        x = {d for i, d in enumerate(devs) if mask >> i & 1}
+        media: dict[str, float] = {}
+        for a in devs:
+            for b in x:
+                link = topology.link(a, b) if a not in x else None
+                if link is not None:
+                    media[link.resource] = max(media.get(link.resource, 0.0), link.bw)
+        best = min(best, sum(media.values()) / (len(x) * (len(devs) - len(x))))
+    return best
 
 
 def _node_rings(topology: Topology, devs: tuple[int, ...]) -> tuple[tuple[Ring, ...], float, float]:
@@ -199,7 +211,7 @@ def _node_rings(topology: Topology, devs: tuple[int, ...]) -> tuple[tuple[Ring, 
             lat = max(topology.link(a, b).latency_s for a in devs for b in devs if a != b)
             return (Ring(devs, switch),), switch, lat
         return _fallback_ring(topology, devs)
-    rings = _greedy_rings(topology, devs)
+    rings = greedy_rings(topology, devs)
     if not rings:
         return _fallback_ring(topology, devs)
     lat = max(topology.link(r.devices[i], r.devices[(i + 1) % len(r.devices)]).latency_s
@@ -219,80 +231,6 @@ def _switch_rate(topology: Topology, devs: tuple[int, ...]) -> float | None:
                 return None
             rates.append(min(link.bw, link.port_bw))
     return min(rates)
-
-
-def _greedy_rings(topology: Topology, devs: tuple[int, ...]) -> tuple[Ring, ...]:
-    """Rings taken one at a time, each the directed Hamiltonian cycle over dedicated links
-    with the largest bottleneck of what capacity is left (arcs and device ports)."""
-    cap: dict[tuple[int, int], float] = {}
-    port_out: dict[tuple[int, str], float] = {}
-    port_in: dict[tuple[int, str], float] = {}
-    for a in devs:
-        for b in devs:
-            link = topology.link(a, b) if a != b else None
-            if link is None or link.shared is not None:
-                continue
-            cap[(a, b)] = link.bw
-            if link.port is not None and link.port_bw is not None:
-                port_out[(a, link.port)] = link.port_bw
-                port_in[(b, link.port)] = link.port_bw
-    if not cap:
-        return ()
-    eps = CAPACITY_EPS * max(cap.values())
-    port_of = {(a, b): topology.link(a, b).port for a, b in cap}
-
-    def room(a: int, b: int) -> float:
-        c = cap.get((a, b), 0.0)
-        p = port_of.get((a, b))
-        if p is not None:
-            c = min(c, port_out.get((a, p), math.inf), port_in.get((b, p), math.inf))
-        return c
-
-    rings: list[Ring] = []
-    while True:
-        best = _best_cycle(devs, room)
-        if best is None or best[1] <= eps:
-            return tuple(rings)
-        cycle, bw = best
-        rings.append(Ring(cycle, bw))
-        for i, a in enumerate(cycle):
-            b = cycle[(i + 1) % len(cycle)]
-            cap[(a, b)] -= bw
-            p = port_of[(a, b)]
-            if p is not None:
-                if (a, p) in port_out:
-                    port_out[(a, p)] -= bw
-                if (b, p) in port_in:
-                    port_in[(b, p)] -= bw
-
-
-def _best_cycle(devs: tuple[int, ...], room) -> tuple[tuple[int, ...], float] | None:
-    """The directed Hamiltonian cycle from devs[0] with the largest bottleneck room (branch
-    and bound: a partial path whose bottleneck cannot beat the best is cut). Ties go to the
-    lexicographically first cycle, so the rings are deterministic."""
-    start = devs[0]
-    best: list = [None, 0.0]
-
-    def extend(path: list[int], left: set[int], bottleneck: float) -> None:
-        if bottleneck <= best[1]:
-            return
-        last = path[-1]
-        if not left:
-            close = min(bottleneck, room(last, start))
-            if close > best[1]:
-                best[0], best[1] = tuple(path), close
-            return
-        for nxt in sorted(left):
-            r = room(last, nxt)
-            if r > best[1]:
-                left.remove(nxt)
-                path.append(nxt)
-                extend(path, left, min(bottleneck, r))
-                path.pop()
-                left.add(nxt)
-
-    extend([start], set(devs[1:]), math.inf)
-    return None if best[0] is None else (best[0], best[1])
 
 
 def _fallback_ring(topology: Topology, devs: tuple[int, ...]) -> tuple[tuple[Ring, ...], float, float]:
@@ -373,8 +311,8 @@ def _flat(kind: str, nbytes: float, fab: Fabric, rates: Rates) -> float:
         return nbytes / bw + (n - 1) * lat
     if kind == "all_reduce":
         return 2 * share * nbytes / bw + 2 * (n - 1) * lat
-    if kind == "all_to_all":
-        return share * nbytes / n / bw + (n - 1) * lat
+    if kind == "all_to_all":  # no faster than the fabric's narrowest cut allows
+        return max(share * nbytes / n / bw, nbytes / n ** 2 / fab.cut_pair_bw) + (n - 1) * lat
     return share * nbytes / bw + (n - 1) * lat
 
 

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from einsummable.frontend.ir import DTYPE_BYTES, TensorInfo
+from einsummable.planning.bound import capacity_into
 from einsummable.planning.exchange import synthesize
 from einsummable.planning.placement import Piece
 from einsummable.planning.timing import exchange_time
@@ -92,12 +93,42 @@ def ingress(topology, device: int) -> float:
     return sum(media.values())
 
 
+# Cuts of every device set are enumerated up to this many devices (2^(n-1) sets).
+CUT_SEARCH_MAX_DEVICES = 12
+
+
+def _cut_share(kind: str, k: int, n: int, holds_root: bool) -> float:
+    """Bytes (as a multiple of S) that must enter a set of k of the n devices from the
+    others: what it needs and no member holds (partial sums pre-folded outside)."""
+    return {"all_gather": (n - k) / n, "reduce_scatter": k / n, "all_reduce": 1.0,
+            "broadcast": 0.0 if holds_root else 1.0, "all_to_all": k * (n - k) / n ** 2}[kind]
+
+
+def cut_bound(kind: str, nbytes: float, topology) -> float:
+    """The largest over device sets X (every proper subset, up to CUT_SEARCH_MAX_DEVICES
+    devices) of the bytes X must receive over the capacity of the links into it
+    (`bound.capacity_into`): on the DGX-1 cube an all-to-all is bound by the six lanes
+    between its two quads, not by each GPU's ingress."""
+    n = topology.world_size
+    if n > CUT_SEARCH_MAX_DEVICES or n < 2:
+        return 0.0
+    best = 0.0
+    for mask in range(1, 2 ** n - 1):
+        x = frozenset(d for d in range(n) if mask >> d & 1)
+        cap = capacity_into(topology, x)
+        need = _cut_share(kind, len(x), n, 0 in x) * nbytes
+        if need > 0 and cap > 0:
+            best = max(best, need / cap)
+    return best
+
+
 def bandwidth_bound(kind: str, nbytes: float, topology) -> float:
-    """Seconds no program can beat: the bytes a device must receive over its ingress, and on
-    several nodes the bytes a node must receive (the same shares over M nodes) over the
-    links that enter it from other nodes."""
+    """Seconds no program can beat: the bytes a device must receive over its ingress, the
+    cuts of `cut_bound`, and on several nodes the bytes a node must receive (the same shares
+    over M nodes) over the links that enter it from other nodes."""
     n = topology.world_size
     best = max(_device_share(kind, n) * nbytes / ingress(topology, d) for d in range(n))
+    best = max(best, cut_bound(kind, nbytes, topology))
     nodes: dict[int, list[int]] = {}
     for d in range(n):
         nodes.setdefault(topology.node_of(d), []).append(d)

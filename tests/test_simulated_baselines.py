@@ -48,11 +48,14 @@ def test_square_of_links_gives_two_rings_one_each_way():
     # at the published NVLink fraction the bandwidth term stretches by 300/215.
     t = collectives.collective_time("all_reduce", 4e6, fab)
     assert t == pytest.approx(300e-6 * 300 / 215 + 6e-6, rel=1e-12)
-    # all-gather of 4 MB: 3/4 x 4 MB / 20 GB/s = 150 us + 3 us; all-to-all: a quarter of that.
+    # all-gather of 4 MB: 3/4 x 4 MB / 20 GB/s = 150 us + 3 us. An all-to-all would take a
+    # quarter of that at the bus rate, but the cut between {0, 1} and {2, 3} binds: 4 pairs
+    # across it move 4 x 4 MB / 16 over two 10 GB/s links and the shared PCIe host (1 GB/s).
     assert collectives.collective_time("all_gather", 4e6, fab, collectives.PEAK) == \
         pytest.approx(153e-6, rel=1e-12)
+    assert fab.cut_pair_bw == pytest.approx(21 * GB / 4)
     assert collectives.collective_time("all_to_all", 4e6, fab, collectives.PEAK) == \
-        pytest.approx(150e-6 / 4 + 3e-6, rel=1e-12)
+        pytest.approx(4 * 4e6 / 16 / (21 * GB) + 3e-6, rel=1e-12)
     # nccl-tests' bus bandwidth of that all-reduce: 4 MB / 306 us x 1.5.
     assert collectives.bus_bandwidth("all_reduce", 4e6, fab, collectives.PEAK) == \
         pytest.approx(4e6 / 306e-6 * 1.5, rel=1e-12)

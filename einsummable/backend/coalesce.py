@@ -185,11 +185,14 @@ def _receivable(instrs: list, batch: list, recvs: list[int]) -> set[int]:
     chosen = max(by_batch.values(), key=len)
     b = batch[chosen[0]]
     span = [i for i, bid in enumerate(batch) if bid == b]
-    touched = set()
+    touched, read = set(), set()
     for i in span:
-        touched.update(reads(instrs[i]))
+        read.update(reads(instrs[i]))
         if isinstance(instrs[i], Free):
             touched.add(instrs[i].buf)
-    # A receive into a buffer is read through that buffer (its own name is freed at once).
+    touched |= read
+    # A receive into a buffer is read through that buffer (its own name is freed at once),
+    # or sent on under its own name (a relay forwarding the part where it landed).
     return {j for j in chosen
-            if (instrs[j].into if instrs[j].into is not None else instrs[j].out) not in touched}
+            if (instrs[j].out not in touched if instrs[j].into is None
+                else instrs[j].into not in touched and instrs[j].out not in read)}

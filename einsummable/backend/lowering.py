@@ -249,12 +249,16 @@ def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology,
 def _recv_in_place(instrs: list) -> list:
     """Receives that an Assemble only copies into place land there directly instead.
 
-    A part qualifies when it is a whole received buffer that nothing else reads and its region
-    of the assembled buffer is contiguous (a transport writes one contiguous range). Its Recv
-    then targets that region of an Alloc placed before the first such Recv; the Assemble keeps
-    the other parts (filling the Alloc'd buffer) or disappears when none are left."""
+    A part qualifies when it is a whole received buffer that nothing else reads but sends (a
+    relay forwarding it sends the view, as a ring's members forward from their output buffer)
+    and its region of the assembled buffer is contiguous (a transport writes one contiguous
+    range). Its Recv then targets that region of an Alloc placed before the first such Recv;
+    the Assemble keeps the other parts (filling the Alloc'd buffer) or disappears when none
+    are left."""
     readers: dict[int, int] = {}
     for ins in instrs:
+        if isinstance(ins, Send):
+            continue
         for b in reads(ins):
             readers[b] = readers.get(b, 0) + 1
     recv_at = {ins.out: i for i, ins in enumerate(instrs) if isinstance(ins, Recv)}

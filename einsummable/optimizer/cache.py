@@ -18,8 +18,9 @@ from ..planning.plan import Options, Plan
 # parts packed by their senders, priced; 6: exchanges on GPU fabrics timed by replaying their
 # programs, no round barrier; 7: a weight's stitching copies charged in full to compute;
 # 8: copies and folds over packed trees, one send per peer at a time; 9: a weight's
-# stitching copies on the GPUs' copy streams, charged what they take from kernels).
-CACHE_VERSION = 12
+# stitching copies on the GPUs' copy streams, charged what they take from kernels; 13: ring
+# and multipath programs on meshes, forwarded parts sent from where they landed).
+CACHE_VERSION = 13
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

@@ -104,14 +104,14 @@ def _cut_sets(topology) -> tuple[tuple[frozenset[int], float], ...]:
         for g in lv.groups:
             if 0 < len(g) < n:
                 sets.add(frozenset(g))
-    res = tuple((x, _capacity_into(topology, x))
+    res = tuple((x, capacity_into(topology, x))
                 for x in sorted(sets, key=lambda s: (len(s), sorted(s))))
     if isinstance(cache, dict):
         cache[key] = res
     return res
 
 
-def _capacity_into(topology, x: frozenset[int]) -> float:
+def capacity_into(topology, x: frozenset[int]) -> float:
     """The smallest total bandwidth of a cover of the links entering x: their media, the
     ingress ports of x's devices, or the egress ports of their senders (links without a port
     count with their medium in the port covers)."""

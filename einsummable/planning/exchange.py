@@ -80,6 +80,8 @@ from .routes import RANK_REFERENCE_BYTES, routes_for
 from .timing import exchange_time
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
 from .folds import reduce_partials
+from .paths import blocks_sent, spread_send
+from .rings import is_mesh, mesh_rings, ring_copy
 from .trees import scatter_copy, tree_copy, worth_trees
 
 # --------------------------------------------------------------------------- synthesis
@@ -109,6 +111,11 @@ class _Synthesis:
         self.trees = False  # fold partial sums down packed trees (`trees.tree_fold`)
         self.pipeline = False  # fold each chunk in parts, one while the next arrives (`folds`)
         self.tree_schedule = None  # the links' loads every packed tree of this program sees
+        self.rings = False  # fold partial sums round the mesh's rings (`rings.ring_fold`)
+        self.ring_loads = None  # the bytes every ring of this program's folds carries
+        self.multipath = False  # large blocks in chunks over every short path (`paths.py`)
+        self.path_loads: dict[str, float] = {}  # seconds of bytes on each link resource
+        self.path_blocks = 1  # blocks the program sends, sharing the transfer budget
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -162,8 +169,9 @@ class _Synthesis:
 
     def _count_stitches(self) -> None:
         """The copies that assemble the needs: own parts, and received parts that cannot
-        land in place: not a contiguous range of the need, or read again on the device (it
-        sends them on, so lowering keeps the received buffer and copies it)."""
+        land in place: not a contiguous range of the need, or a part of them sent on (the
+        device slices it, so lowering keeps the received buffer and copies it; a part sent
+        on whole is sent from where it landed)."""
         sent_from: dict[int, list[Region]] = {}
         for t in self.transfers:
             if not t.slices:  # a full value sent on (a partial is another buffer)
@@ -174,7 +182,7 @@ class _Synthesis:
                       if not received
                       or not contiguous_slice(shape, tuple((a - o, b - o)
                                                            for (a, b), (o, _) in zip(cut, q)))
-                      or any(contains(cut, r) for r in sent_from.get(d, ()))]
+                      or any(contains(cut, r) and r != cut for r in sent_from.get(d, ()))]
             if not copied:
                 continue
             nbytes = sum(volume(cut) for cut, _ in copied) * self.elem
@@ -205,6 +213,10 @@ class _Synthesis:
         blocks), so other readers there gather from the rails' ends."""
         rails = self.routes.rails(src, dst) if self.spread else ()
         if not rails:
+            spread = (spread_send(self, src, dst, reg, ready, within, self.path_blocks)
+                      if self.multipath else None)
+            if spread is not None:
+                return spread
             return [(reg, dst, self.send(src, dst, reg, ready, within=within))]
         dim = next((i for i, (lo, hi) in enumerate(reg) if hi - lo > 1), None)
         worth = int(volume(reg) * self.elem // RANK_REFERENCE_BYTES)
@@ -315,6 +327,14 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     def scatter(b, sources, remote) -> bool:
         return worth_trees(sources, remote) and scatter_copy(b, sources, remote)
 
+    def multipath(b, sources, remote) -> None:
+        b.path_blocks = blocks_sent(sources, remote)
+        plain_copy(b, sources, remote)
+
+    def ringed(b, sources, remote) -> None:
+        if not ring_copy(b, sources, remote):
+            plain_copy(b, sources, remote)
+
     def pipelined(b, sources, remote) -> bool | None:
         if len(b.reduces) <= len(plain.reduces):  # no chunk was cut: the plain program
             return False
@@ -332,8 +352,17 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
         found.append(program(pipelined, pipeline=True))
     if trees:
         found += [program(tree_or_plain, trees=True), program(scatter)]
+    devices = _devices(produced, remote)
+    if optimized and not spread and mesh_rings(topology, devices):
+        found.append(program(ringed, rings=True))
+    if optimized and not spread and remote and is_mesh(topology, devices):
+        found.append(program(multipath, multipath=True))
     # the first of the fastest: a later program replaces an earlier one only if faster
     return min((ex for ex in found if ex is not None), key=lambda ex: exchange_time(ex, topology))
+
+
+def _devices(produced: Sequence[Piece], needs: Sequence[tuple[Region, int]]) -> set[int]:
+    return {p.device for p in produced} | {d for _, d in needs}
 
 
 def _meets(a: Region, b: Region) -> bool:

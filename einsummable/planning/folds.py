@@ -16,6 +16,7 @@ from ..core.geometry import Region, cut_along, intersect, volume
 from ..errors import PlanError
 from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES
+from .rings import ring_fold
 from .trees import chunks, tree_fold
 
 # A fold's chunk is cut into up to this many parts (`_Synthesis.pipeline`), each sent and
@@ -32,6 +33,7 @@ def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, 
     for p in produced:
         blocks.setdefault(p.region, {}).setdefault(p.slice, []).append(p.device)
     full: list[tuple[Region, int, int]] = []
+    jobs: list[tuple[Region, int, dict[int, list[int]], Region]] = []  # b.rings: folded below
     for block, holders in blocks.items():
         if len(holders) != n_slices:
             raise PlanError(f"tensor {b.info.name!r}: block {block} has {len(holders)} of "
@@ -49,13 +51,20 @@ def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, 
                     full.append((x, d, _fold_direct(b, x, d, holders, block)))
                 continue
             for chunk, r in _scatter(x, devs, holders, b.elem):
-                if b.trees and len(holders) > 2:
+                if b.rings and len(holders) > 2:
+                    jobs.append((chunk, r, holders, block))
+                elif b.trees and len(holders) > 2:
                     full.extend((part, r, rnd)
                                 for part, rnd in tree_fold(b, chunk, r, holders, block))
                 else:
                     parts = _pipelined(chunk, b.elem) if b.pipeline else [chunk]
                     full.extend((part, r, _fold_tree(b, part, r, holders, block))
                                 for part in parts)
+    for chunk, r, holders, block in jobs:
+        folded = ring_fold(b, chunk, r, holders, block, len(jobs))
+        if folded is None:  # its holders form no mesh: folded level by level
+            folded = [(chunk, _fold_tree(b, chunk, r, holders, block))]
+        full.extend((part, r, rnd) for part, rnd in folded)
     return full
 
 

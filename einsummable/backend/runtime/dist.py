@@ -37,7 +37,7 @@ from ...errors import PlanError, RuntimeFault
 from ...frontend.reference import check_inputs
 from ..lowering import Lowered
 from .local import RankState, step_handler
-from .outbox import Outbox
+from .outbox import Once, Outbox
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
@@ -142,8 +142,13 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         each = len(works) == len(ops)
         for k, (op, ins) in enumerate(batch):
             mine = [works[k]] if each else list(works)
-            if isinstance(ins, Recv):
-                wait_for.setdefault(ins.out if ins.into is None else ins.into, []).extend(mine)
+            if isinstance(ins, Recv) and ins.into is not None:
+                # read through the buffer it landed in, or sent on under its own name
+                once = [Once(w) for w in mine]
+                wait_for.setdefault(ins.into, []).extend(once)
+                wait_for.setdefault(ins.out, []).extend(once)
+            elif isinstance(ins, Recv):
+                wait_for.setdefault(ins.out, []).extend(mine)
             else:
                 sends.append((mine, op.tensor))
         batch.clear()
@@ -184,10 +189,10 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
             batch.append((dist.P2POp(dist.irecv, t, ins.peer, tag=ins.tag), ins))
         elif code == _UNPACK:  # views now; waits and copies when a reader needs them
             for out, into, view, dest in st.unpacked(ins):
-                if into is None:
-                    st.bufs[out] = view
-                unpacked.setdefault(out if into is None else into, []).append(
-                    (ins.src, view, dest))
+                st.bufs[out] = view if into is None else dest
+                unpacked.setdefault(out, []).append((ins.src, view, dest))
+                if into is not None:  # read through that buffer, or sent on as `out`
+                    unpacked.setdefault(into, []).append((ins.src, view, dest))
         else:
             if code == _KERNEL and batch:  # host bookkeeping keeps the batch open
                 flush()

@@ -157,8 +157,9 @@ class RankState:
         for out, _, view, dest in self.unpacked(ins):
             if dest is None:
                 self.bufs[out] = view
-            else:  # read through the buffer it lands in, as after a Recv into it
-                dest.copy_(view)
+            else:  # read through the buffer it lands in (or sent on as that view), as
+                dest.copy_(view)  # after a Recv into it
+                self.bufs[out] = dest
 
     def _reduce(self, ins: Reduce) -> None:
         acc = self.get(ins.inputs[0])

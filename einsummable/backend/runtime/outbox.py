@@ -50,6 +50,25 @@ class Arrival:
         return True
 
 
+class Once:
+    """A receive's work that two names wait on (a part landed in place: the buffer it landed
+    in, and the part sent on under its own name): the first `wait` waits on the work, later
+    ones return its answer. A transport's work may be waited on only once (gloo's second wait
+    on a finished receive waits for another)."""
+
+    def __init__(self, work: Any) -> None:
+        self._work, self._lock, self._ok = work, threading.Lock(), None
+
+    def is_completed(self) -> bool:
+        return self._ok is not None or self._work.is_completed()
+
+    def wait(self, timeout: datetime.timedelta) -> bool:
+        with self._lock:
+            if self._ok is None:
+                self._ok = self._work.wait(timeout)
+            return self._ok
+
+
 class _Line(threading.Thread):
     """Sends to one peer, in order, each after the receives it waits for."""
 

@@ -338,12 +338,16 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             events.append((r, pc[r], type(ins).__name__, t[r], start, start + dt))
         t[r] = start + dt
         if isinstance(ins, Recv):
-            recv_tag[r].setdefault(ins.out if ins.into is None else ins.into, []).append(ins.tag)
+            recv_tag[r].setdefault(ins.out, []).append(ins.tag)
+            if ins.into is not None:  # read through that buffer, or forwarded as the view
+                recv_tag[r].setdefault(ins.into, []).append(ins.tag)
             source[ins.tag] = ins.peer
         elif isinstance(ins, Unpack):
             tags = recv_tag[r].get(ins.src, [])
             for out, _, into, _ in ins.parts:
-                recv_tag[r].setdefault(out if into is None else into, []).extend(tags)
+                recv_tag[r].setdefault(out, []).extend(tags)
+                if into is not None:
+                    recv_tag[r].setdefault(into, []).extend(tags)
         elif isinstance(ins, Send):
             size = nbytes(r, ins.src)
             link = topo.link(r, ins.peer)
