@@ -77,10 +77,10 @@ from ..errors import PlanError
 from ..frontend.ir import DTYPE_BYTES, TensorInfo
 from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES, routes_for
-from .timing import exchange_time
+from .timing import exchange_time, level_busy
 from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
 from .folds import reduce_partials
-from .paths import blocks_sent, spread_send
+from .paths import blocks_sent, spread_send, worth_paths
 from .rings import is_mesh, mesh_rings, ring_copy
 from .trees import scatter_copy, tree_copy, worth_trees
 
@@ -353,12 +353,28 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     if trees:
         found += [program(tree_or_plain, trees=True), program(scatter)]
     devices = _devices(produced, remote)
-    if optimized and not spread and mesh_rings(topology, devices):
+    if trees and mesh_rings(topology, devices):  # where trees are worth building, rings too
         found.append(program(ringed, rings=True))
-    if optimized and not spread and remote and is_mesh(topology, devices):
+    if optimized and not spread and worth_paths(sources, remote, b.elem) \
+            and is_mesh(topology, devices):
         found.append(program(multipath, multipath=True))
-    # the first of the fastest: a later program replaces an earlier one only if faster
-    return min((ex for ex in found if ex is not None), key=lambda ex: exchange_time(ex, topology))
+    return _fastest([ex for ex in found if ex is not None], topology)
+
+
+def _fastest(programs: list[Exchange], topology) -> Exchange:
+    """The first of the fastest programs under `exchange_time`. Timing (a replay) is most of
+    synthesis' cost, and a program's wire floor (its busiest link's bytes over that link's
+    rate, `timing.level_busy`) bounds its time from below: programs are timed lowest floor
+    first, and one whose floor exceeds the best time so far is never timed."""
+    floors = [max(level_busy(ex, topology), default=0.0) for ex in programs]
+    best: tuple[float, int] | None = None
+    for i in sorted(range(len(programs)), key=lambda k: (floors[k], k)):
+        if best is not None and floors[i] > best[0]:
+            break
+        t = exchange_time(programs[i], topology)
+        if best is None or (t, i) < best:
+            best = (t, i)
+    return programs[best[1]]
 
 
 def _devices(produced: Sequence[Piece], needs: Sequence[tuple[Region, int]]) -> set[int]:

@@ -55,6 +55,13 @@ def _paths(b, s: int, d: int) -> list[tuple[tuple[int, ...], tuple, float]]:
     return memo[(s, d)]
 
 
+def worth_paths(sources, needs, itemsize: int) -> bool:
+    """Whether some block a device reads from another is large enough to cut in two."""
+    return any(dev != d and (cut := intersect(reg, q)) is not None
+               and volume(cut) * itemsize >= 2 * CHUNK_BYTES
+               for q, d in needs for reg, dev, _ in sources)
+
+
 def blocks_sent(sources, needs) -> int:
     """How many (source block, remote need) pairs meet: the blocks a copy sends, at most."""
     return max(1, sum(1 for q, d in needs for reg, dev, _ in sources
