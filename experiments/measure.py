@@ -102,45 +102,65 @@ def measure(request: MeasureRequest) -> dict[str, Timing]:
 
 def _measure_once(request: MeasureRequest) -> tuple[dict[str, Timing], bool]:
     """The timings, and whether a rank died (then every timing carries the reason)."""
+    got, why, died = run_ranks(_measure_body, request, request.world, request.timeout_s,
+                               f"measured run of {request.workload.name}")
+    if got is None:
+        return {name: Timing(name, error=why) for name in request.systems}, died
+    return {name: Timing.from_dict(t) for name, t in got.items()}, False
+
+
+def _measure_body(rank: int, request: MeasureRequest) -> dict:
+    return {k: v.to_dict() for k, v in _measure_in_rank(rank, request).items()}
+
+
+def run_ranks(body: Callable, payload, world: int, timeout_s: float,
+              what: str) -> tuple[dict | None, str | None, bool]:
+    """Spawn `world` gloo ranks on loopback, each running body(rank, payload) (a top-level
+    function: spawn pickles it) after joining the process group; wait at most `timeout_s`.
+    Returns (rank 0's dict, None, False), or (None, why, whether a rank died)."""
     with tempfile.TemporaryDirectory(prefix="es-measure-") as tmp:
         out_path = os.path.join(tmp, "result.json")
         with worker_env():  # every system's ranks run in the runtime's worker environment
-            ctx = mp.start_processes(_rank_main, args=(request, free_port(), out_path),
-                                     nprocs=request.world, join=False, start_method="spawn")
-        deadline = time.monotonic() + request.timeout_s
+            ctx = mp.start_processes(_rank_main, args=(body, payload, world, timeout_s,
+                                                       free_port(), out_path),
+                                     nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"measured run of {request.workload.name} on "
-                                       f"{request.world} ranks exceeded {request.timeout_s:.0f} s")
+                    raise TimeoutError(f"{what} on {world} ranks exceeded {timeout_s:.0f} s")
         except (ProcessException, TimeoutError) as e:
             if isinstance(e, ProcessException) and _complete(out_path):
                 # Rank 0 writes the file only after every rank's timings were gathered: the
                 # rank died tearing down (gloo's abort at exit), not while measuring.
-                return _read(out_path), False
+                return _load(out_path), None, False
             # a rank died (retried once, see ATTEMPTS) or the run stalled (not retried): every
             # system of this run gets the reason, and the caller goes on with its other runs
             died = isinstance(e, ProcessException)
             why = (f"the ranks did not finish ({ATTEMPTS} attempts)" if died
                    else "the run stalled") + f": {str(e).splitlines()[0]}"
-            return {name: Timing(name, error=why) for name in request.systems}, died
+            return None, why, died
         finally:
             for p in ctx.processes:
                 if p.is_alive():
                     p.terminate()
                     p.join(5)
-        return _read(out_path), False
+        return _load(out_path), None, False
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 def _read(path: str) -> dict[str, Timing]:
-    with open(path) as f:
-        return {name: Timing.from_dict(t) for name, t in json.load(f).items()}
+    return {name: Timing.from_dict(t) for name, t in _load(path).items()}
 
 
 def _complete(path: str) -> bool:
     """Whether rank 0 finished writing its results (a whole JSON object)."""
     try:
-        _read(path)
+        _load(path)
     except (OSError, ValueError):
         return False
     return True
@@ -148,19 +168,43 @@ def _complete(path: str) -> bool:
 
 # ------------------------------------------------------------------------------- inside a rank
 
-def _rank_main(rank: int, request: MeasureRequest, port: int, out_path: str) -> None:
+def _rank_main(rank: int, body: Callable, payload, world: int, timeout_s: float, port: int,
+               out_path: str) -> None:
     torch.set_num_threads(THREADS_PER_RANK)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=request.world,
-                            timeout=timedelta(seconds=max(30.0, request.timeout_s / 2)))
+                            world_size=world, timeout=timedelta(seconds=max(30.0, timeout_s / 2)))
     try:
-        results = _measure_in_rank(rank, request)
+        results = body(rank, payload)
         if rank == 0:
             with open(out_path + ".part", "w") as f:  # whole or absent (see _complete)
-                json.dump({k: v.to_dict() for k, v in results.items()}, f)
+                json.dump(results, f)
             os.replace(out_path + ".part", out_path)
     finally:
         dist.destroy_process_group()
+
+
+def time_rounds(runs: dict[str, Callable[[], object]], warmup: int, repeats: int,
+                world: int) -> dict[str, list[float]]:
+    """Per system, its seconds in each of `repeats` rounds, the slowest rank's (the protocol
+    of the module docstring: warm-up passes, a barrier before each timed pass, the order
+    rotating each round)."""
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            dist.barrier()
+            runs[name]()
+    local = torch.zeros(len(names), repeats, dtype=torch.float64)
+    for r in range(repeats):
+        for k in range(len(names)):
+            i = (k + r) % len(names)  # rotate the order each round
+            dist.barrier()
+            t0 = time.perf_counter()
+            runs[names[i]]()
+            local[i, r] = time.perf_counter() - t0
+    every = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(every, local)
+    slowest = torch.stack(every).amax(dim=0)  # per system and round: the slowest rank
+    return {name: slowest[i].tolist() for i, name in enumerate(names)}
 
 
 def _agree(ok: bool) -> bool:
@@ -200,22 +244,8 @@ def _measure_in_rank(rank: int, request: MeasureRequest) -> dict[str, Timing]:
         steps[name] = step
         failures[name] = Timing(name, max_abs_err=max_err if rank == 0 else None, note=note)
 
-    names = list(steps)
-    for _ in range(request.warmup):
-        for name in names:
-            dist.barrier()
-            steps[name].run()
-    local = torch.zeros(len(names), request.repeats, dtype=torch.float64)
-    for r in range(request.repeats):
-        for k in range(len(names)):
-            i = (k + r) % len(names)  # rotate the order each round
-            dist.barrier()
-            t0 = time.perf_counter()
-            steps[names[i]].run()
-            local[i, r] = time.perf_counter() - t0
-    every = [torch.empty_like(local) for _ in range(request.world)]
-    dist.all_gather(every, local)
-    slowest = torch.stack(every).amax(dim=0)  # per system and round: the slowest rank
+    rounds = time_rounds({name: step.run for name, step in steps.items()}, request.warmup,
+                         request.repeats, request.world)
 
     results: dict[str, Timing] = {}
     for name in request.systems:
@@ -223,7 +253,7 @@ def _measure_in_rank(rank: int, request: MeasureRequest) -> dict[str, Timing]:
         if name not in steps:
             results[name] = base
             continue
-        xs = slowest[names.index(name)].tolist()
+        xs = rounds[name]
         results[name] = Timing(name, statistics.median(xs), percentile(xs, 0.25),
                                percentile(xs, 0.75), tuple(xs), base.max_abs_err, base.note)
     return results

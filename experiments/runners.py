@@ -451,6 +451,9 @@ def _table(cfg: dict, rows: list[Row], title: str, reference: str | None = None)
 
 
 def exchange_patterns(cfg: dict, stream=None) -> RunResult:
+    if cfg.get("mode", "simulated") == "measured":
+        from . import gloo_patterns
+        return RunResult(*gloo_patterns.runner(cfg, stream))
     from . import patterns
     return RunResult(*patterns.runner(cfg, stream))
 

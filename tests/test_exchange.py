@@ -232,12 +232,19 @@ def test_a_relayed_block_waits_whole_at_the_relay():
 
 
 def test_partials_fold_inside_node_first():
-    # 2 nodes x 4: all 8 devices hold a partial of one block, device 0 reads it.
+    # 2 nodes x 4: all 8 devices hold a partial of one block (256 KiB), device 0 reads it.
     topo = synthetic(8, nodes=2)
     from einsummable.planning.placement import Piece
     from einsummable.frontend.ir import TensorInfo
-    info = TensorInfo("t", (16, 16))
+    tiny = TensorInfo("t", (16, 16))
     reg = ((0, 16), (0, 16))
+    pieces = [Piece(reg, d, d, 8) for d in range(8)]
+    # 1 KiB: latency, not bytes, counts, and one round of direct sends (every holder to the
+    # reader) beats folding inside each node first (two rounds)
+    ex = synthesize(tiny, pieces, [(reg, 0)], "sum", topo)
+    assert {t.dst for t in ex.transfers} == {0} and len(ex.transfers) == 7
+    info = TensorInfo("t", (256, 256))
+    reg = ((0, 256), (0, 256))
     pieces = [Piece(reg, d, d, 8) for d in range(8)]
     ex = synthesize(info, pieces, [(reg, 0)], "sum", topo)
     across = [t for t in ex.transfers if topo.node_of(t.src) != topo.node_of(t.dst)]

@@ -58,3 +58,34 @@ def test_the_runner_gives_einsummable_beside_the_nccl_model():
     assert mine.time_s <= nccl.time_s and mine.time_s <= 1.2 * mine.floor_s
     assert extra["patterns"]["a100x8"]["rows"] == 1
     assert "all_gather" in table
+
+
+def test_an_all_to_all_on_the_cube_is_bound_by_the_cut_between_its_quads():
+    # Half the pairs of a DGX-1 all-to-all cross between {0..3} and {4..7}: 16 x S/64 bytes
+    # each way over six 25 GB/s lanes and the 16 GB/s QPI link, where a GPU's own ingress
+    # (six lanes and its PCIe port) would allow four times less.
+    dgx1 = load_topology("dgx1-v100")
+    s = 1 << 30
+    cut = patterns.cut_bound("all_to_all", s, dgx1)
+    assert cut == pytest.approx(16 * s / 64 / 166e9)
+    assert patterns.bandwidth_bound("all_to_all", s, dgx1) == cut
+    # the NCCL model's all-to-all cannot beat it either
+    nccl = collectives.collective_time("all_to_all", s, collectives.fabric(dgx1),
+                                       collectives.PEAK)
+    assert cut < nccl < 1.02 * cut
+    # on a switch no cut is narrower than a GPU's own port
+    a100 = load_topology("a100x8")
+    assert patterns.cut_bound("all_to_all", s, a100) <= \
+        patterns.bandwidth_bound("all_to_all", s, a100)
+
+
+def test_gloo_patterns_are_measured_correct_against_gloos_collectives():
+    # Every pattern on 2 gloo ranks, one 64 KiB size, one timed round: both systems' answers
+    # are checked against the pattern's expected values before timing.
+    from experiments import gloo_patterns
+    job = gloo_patterns.Job(2, patterns.PATTERNS, (1 << 16,), warmup=0, repeats=1)
+    got = gloo_patterns.measure_patterns(job, timeout_s=240)
+    assert len(got) == len(patterns.PATTERNS)
+    for r in got.values():
+        assert r["correct"] == {"einsummable": True, "gloo": True}, r["pattern"]
+        assert r["einsummable"]["median_s"] > 0 and r["gloo"]["median_s"] > 0

@@ -110,6 +110,7 @@ class _Synthesis:
         self.sources: tuple = ()  # the producer's pieces, as lowering holds them
         self.trees = False  # fold partial sums down packed trees (`trees.tree_fold`)
         self.pipeline = False  # fold each chunk in parts, one while the next arrives (`folds`)
+        self.direct_folds = False  # every reader folds its needs from the holders (`folds`)
         self.tree_schedule = None  # the links' loads every packed tree of this program sees
         self.rings = False  # fold partial sums round the mesh's rings (`rings.ring_fold`)
         self.ring_loads = None  # the bytes every ring of this program's folds carries
@@ -349,7 +350,7 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     plain = b.build()
     found = [plain]
     if optimized and slices > 1:
-        found.append(program(pipelined, pipeline=True))
+        found += [program(pipelined, pipeline=True), program(plain_copy, direct_folds=True)]
     if trees:
         found += [program(tree_or_plain, trees=True), program(scatter)]
     devices = _devices(produced, remote)

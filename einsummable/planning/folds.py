@@ -5,7 +5,10 @@ chunks (reduce-scatter; `_scatter`) and chunk i is folded at reader i from one h
 slice: level by level of the topology, slow to fast (`_fold_tree`, `_gather`), or, where the
 synthesis asks for trees, up packed trees (`trees.tree_fold`), or, where it asks to pipeline,
 in parts folded one after another (`_pipelined`). The naive mode folds every
-need at its reader from the owners directly (`_fold_direct`). The folded chunks are the full
+need at its reader from the owners directly (`_fold_direct`); the optimized mode builds that
+program too, from the nearest holders (`_Synthesis.direct_folds`): one round where the
+reduce-scatter and the copies after it take two, which is what counts where a message's
+latency outweighs its bytes (2 gloo ranks: each sends its partial and both fold). The folded chunks are the full
 sources the copy step then delivers. The synthesis object `b` is `exchange._Synthesis`.
 """
 from __future__ import annotations
@@ -46,7 +49,7 @@ def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, 
                 if d not in readers[x]:
                     readers[x].append(d)
         for x, devs in readers.items():
-            if b.naive:
+            if b.naive or b.direct_folds:
                 for d in devs:
                     full.append((x, d, _fold_direct(b, x, d, holders, block)))
                 continue
@@ -122,7 +125,8 @@ def _fold_direct(b, x: Region, d: int, holders: dict[int, list[int]],
                  block: Region) -> int:
     inputs = []
     for s in sorted(holders):
-        h = d if d in holders[s] else holders[s][0]
+        h = d if d in holders[s] else holders[s][0] if b.naive else \
+            min(holders[s], key=lambda dev: (b.dist(dev, d), dev))
         inputs.append(((s,), -1 if h == d else b.send(h, d, x, -1, (s,), within=block)))
     return b.reduce(d, x, inputs, ())
 
