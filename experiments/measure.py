@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from einsummable.backend.runtime.dist import free_port, worker_env
+from einsummable.backend.runtime.workers import free_port, worker_env
 
 from .workloads import Workload
 

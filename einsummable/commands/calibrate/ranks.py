@@ -37,13 +37,8 @@ from typing import Any
 
 import torch
 
-from ...backend.runtime.dist import (
-    WAIT_TIMEOUT_S,
-    free_port,
-    p2p_barrier,
-    threads_per_rank,
-    worker_env,
-)
+from ...backend.runtime.dist import WAIT_TIMEOUT_S, p2p_barrier
+from ...backend.runtime.workers import free_port, threads_per_rank, worker_env
 from ...errors import RuntimeFault
 from . import device, rounds
 
