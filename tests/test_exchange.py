@@ -418,3 +418,32 @@ def test_random_large_layouts_across_nodes_are_delivered_exactly(seed, n):
     for t in ex.transfers:
         for a, c in zip(t.hops, t.hops[1:]):
             assert used.setdefault((topo.link(a, c).resource, t.round), t.hops) == t.hops
+
+
+def test_a_devices_strided_sends_share_one_pack_kernel():
+    # An all-to-all on a100x8: each GPU sends a column block of its rows to each of 7 peers,
+    # every one strided. One pack kernel per GPU lays the 7 end to end and each leaves as a
+    # contiguous view (a kernel per send made 1 MiB take 0.045 ms; NCCL's model is 0.021).
+    import torch
+    from einsummable.backend.lowering import lower_exchange
+    from einsummable.backend.runtime.local import run_local
+    from einsummable.backend.runtime.simulator import simulate_programs
+    from einsummable.core.program import Pack
+    from einsummable.planning.transfers import pack_groups
+    from experiments.collectives import PEAK, collective_time, fabric
+    from experiments.patterns import pattern
+    topo = load_topology("a100x8")
+    p = pattern("all_to_all", 8, 1 << 20, "float32")
+    ex = synthesize(p.info, p.produced, p.needs, p.agg, topo)
+    groups = pack_groups(ex)
+    assert sorted(len(g) for g in groups.values()) == [7] * 8
+    low = lower_exchange(p.info, p.produced, p.needs, p.agg, topo)
+    assert [sum(isinstance(i, Pack) for i in prog.instrs) for prog in low.programs] == [1] * 8
+    seconds = exchange_time(ex, topo)
+    # the simulator prices the pack as a kernel beside whatever flows then (the replay alone)
+    assert simulate_programs(low, topo).time_s == pytest.approx(seconds, rel=1e-3)
+    assert seconds < collective_time("all_to_all", p.info.nbytes, fabric(topo), PEAK)
+    x = torch.randn(p.info.shape)
+    rows, cols = p.info.shape
+    got = run_local(low, {p.info.name: x})[p.info.name]  # rank 0's need: column block 0
+    torch.testing.assert_close(got, x[:, :cols // 8])

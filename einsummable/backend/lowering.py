@@ -35,12 +35,14 @@ from ..core.program import (
     Const,
     Free,
     Output,
+    Pack,
     Place,
     Program,
     Recv,
     Reduce,
     Send,
     Slice,
+    Unpack,
     reads,
     writes,
 )
@@ -48,6 +50,7 @@ from ..errors import PlanError
 from ..frontend.ir import Graph, TensorInfo, steady_pairs
 from ..planning.cost import consumer_needs
 from ..planning.exchange import synthesize
+from ..planning.timing import replays
 from ..planning.placement import (
     INPUT_PREFIX,
     Candidate,
@@ -59,7 +62,7 @@ from ..planning.placement import (
     rereads,
 )
 from ..planning.spec import tuples
-from ..planning.transfers import Exchange
+from ..planning.transfers import Exchange, pack_groups
 from ..topology import load_topology
 from .coalesce import coalesce as pack_messages
 
@@ -166,13 +169,18 @@ def _assemble(st: _State, info: TensorInfo, dev: int, reg: Region, queue: int = 
     return out
 
 
-def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
+def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None, topology) -> None:
     events = sorted([(t.round, 0, i) for i, t in enumerate(ex.transfers)]
                     + [(r.round, 1, i) for i, r in enumerate(ex.reduces)])
+    groups = pack_groups(ex) if replays(topology) else {}
+    packed: dict[int, int] = {}  # transfer -> the contiguous view of its group's pack it sends
     for _, kind, i in events:
         if kind == 0:
             t = ex.transfers[i]
-            buf = st.find(info.name, t.src, t.region, t.slices)
+            if i in groups:
+                _pack_group(st, info, [(j, ex.transfers[j]) for j in groups[i]], packed)
+            buf = packed.pop(i) if i in packed else st.find(info.name, t.src, t.region,
+                                                             t.slices)
             for a, c in zip(t.hops, t.hops[1:]):
                 tag = st.next_tag
                 st.next_tag += 1
@@ -189,6 +197,20 @@ def _apply(st: _State, info: TensorInfo, ex: Exchange, agg: str | None) -> None:
             out = st.buf()
             st.emit(r.device, Reduce(out, agg or "sum", ins))
             st.hold(info.name, r.device, r.region, r.out, out)
+
+
+def _pack_group(st: _State, info: TensorInfo, members, packed: dict[int, int]) -> None:
+    """One pack kernel for a device's strided sends of a round (`transfers.pack_groups`):
+    their slices laid end to end, then each a contiguous view of that buffer in its shape."""
+    dev = members[0][1].src
+    srcs = tuple(st.find(info.name, dev, t.region, t.slices) for _, t in members)
+    flat = st.buf()
+    st.emit(dev, Pack(flat, srcs, info.dtype))
+    parts = []
+    for j, t in members:
+        packed[j] = st.buf()
+        parts.append((packed[j], region_shape(t.region), None, None))
+    st.emit(dev, Unpack(flat, tuple(parts), info.dtype))
 
 
 def _covered(st: _State, name: str, dev: int, reg: Region) -> bool:
@@ -211,7 +233,7 @@ def _exchange(st: _State, info: TensorInfo, needs, mode: str, topology,
     pieces, agg = source or st.layouts[info.name]
     todo = [(q, d) for q, d in needs if not _covered(st, info.name, d, q)]
     if todo:
-        _apply(st, info, synthesize(info, pieces, todo, agg, topology, mode), agg)
+        _apply(st, info, synthesize(info, pieces, todo, agg, topology, mode), agg, topology)
 
 
 def _assemble_early(st: _State, info: TensorInfo, needs, queue: int, topology) -> None:

@@ -19,8 +19,9 @@ from ..planning.plan import Options, Plan
 # programs, no round barrier; 7: a weight's stitching copies charged in full to compute;
 # 8: copies and folds over packed trees, one send per peer at a time; 9: a weight's
 # stitching copies on the GPUs' copy streams, charged what they take from kernels; 13: ring
-# and multipath programs on meshes, forwarded parts sent from where they landed).
-CACHE_VERSION = 13
+# and multipath programs on meshes, forwarded parts sent from where they landed; 14: direct
+# folds, pipelined folds a round after arrival, a round's strided sends packed by one kernel).
+CACHE_VERSION = 14
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

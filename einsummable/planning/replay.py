@@ -13,7 +13,9 @@ it (checked against it in `tests/test_replay.py`):
               Send at every relay, a Recv at its reader (`lowering._apply`)
     buffers   a send reads the first held block that equals its region, else the first that
               contains it (a Slice: a view, but the device waits until that block is there;
-              a strided one is packed, one copy kernel read and written, before it leaves);
+              a strided one is packed, one copy kernel read and written, before it leaves;
+              a device's strided sends of one round from its producer pieces share one
+              pack kernel, run before the first of them, `transfers.pack_groups`);
               held blocks are the producer's pieces (`Exchange.sources`), then what arrives,
               relays keeping full blocks they pass on, and reduce outputs
     sends     leave once their block is there, one per peer at a time in program order (the
@@ -42,14 +44,14 @@ from dataclasses import dataclass, field
 from ..core.geometry import Region, contains, contiguous_slice, intersect, region_shape, relative
 from .kernel_time import copy_s
 from .network import Flow, Network
-from .transfers import Exchange
+from .transfers import Exchange, pack_groups
 
 ORIGIN = ("origin",)  # the producer's own pieces: there from the start
 
 
 @dataclass
 class _Step:
-    kind: str                       # "slice", "send", "recv", "reduce"
+    kind: str                       # "slice", "send", "recv", "reduce", "pack"
     waits: tuple = ()               # buffer keys the device waits for before the step
     key: tuple = ()                 # send: the block it reads; reduce: the block it writes
     peer: int = -1
@@ -89,7 +91,7 @@ class _Replay:
                 got = self.batch[dev] = set()
             if step.kind == "recv":
                 got.add(("tag", step.tag))
-        elif step.kind == "reduce":
+        elif step.kind in ("reduce", "pack"):  # kernels: the next send or receive opens a batch
             self.batch[dev] = None
         self.steps[dev].append(step)
 
@@ -111,11 +113,18 @@ class _Replay:
         ex = self.ex
         events = sorted([(t.round, 0, i) for i, t in enumerate(ex.transfers)]
                         + [(r.round, 1, i) for i, r in enumerate(ex.reduces)])
+        # a device's strided sends of a round share one pack kernel, run before the first
+        groups = pack_groups(ex)
+        grouped = {j for group in groups.values() for j in group}
         tag = 0
         for _, kind, i in events:
             if kind == 0:
                 t = ex.transfers[i]
+                if i in groups:
+                    self.emit(t.src, _Step("pack", nbytes=sum(ex.transfers[j].nbytes
+                                                              for j in groups[i])))
                 key, strided, direct = self.find(t.src, t.region, t.slices)
+                strided = strided and i not in grouped
                 for a, c in zip(t.hops, t.hops[1:]):
                     self.emit(a, _Step("send", key=key, peer=c, tag=tag, nbytes=t.nbytes,
                                        pack=strided, direct=direct))
@@ -161,6 +170,8 @@ class _Replay:
                 if s.kind == "send":
                     peers.add(s.peer)
                 t[a] += dev.launch_s if s.opens else 0.0
+                if s.kind == "pack":
+                    t[a] += copy_s(dev, 2 * s.nbytes)
                 if s.kind == "send":
                     if s.pack:
                         t[a] += copy_s(dev, 2 * s.nbytes)
@@ -257,6 +268,8 @@ class _Replay:
                 dt += copy_s(dev, (len(s.waits) + 1) * s.nbytes)
                 t[r] = start + dt
                 ready[s.key] = t[r]
+            elif s.kind == "pack":  # one kernel packing the strided sends of its group
+                t[r] = start + dt + copy_s(dev, 2 * s.nbytes)
             else:
                 t[r] = start + dt
             pc[r] += 1

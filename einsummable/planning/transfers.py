@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.geometry import Region
+from ..core.geometry import Region, contains, contiguous_slice, region_shape, relative
 
 MODES = ("optimized", "naive", "naive-routed")
 
@@ -81,3 +81,22 @@ class Exchange:
 
 EMPTY = Exchange(())
 
+
+
+def pack_groups(ex: Exchange) -> dict[int, tuple[int, ...]]:
+    """The strided sends a device packs with one kernel where exchanges run as programs
+    (`timing.replays`): per (sender, round), the transfers whose region is a strided part of
+    a producer piece the sender holds (`Exchange.sources`, the first that contains it, as
+    lowering finds it), two or more; keyed by the first of them in program order. One copy
+    kernel lays them end to end and each leaves as a contiguous view of it (a kernel launch
+    per strided send was most of a small all-to-all: a100x8, 1 MiB, 0.045 -> 0.013 ms)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    order = sorted(range(len(ex.transfers)), key=lambda i: (ex.transfers[i].round, i))
+    for i in order:
+        t = ex.transfers[i]
+        piece = next((reg for reg, dev, slices in ex.sources
+                      if dev == t.src and slices == t.slices and contains(reg, t.region)), None)
+        if piece is not None and t.region != piece and not contiguous_slice(
+                region_shape(piece), relative(t.region, piece)):
+            groups.setdefault((t.src, t.round), []).append(i)
+    return {members[0]: tuple(members) for members in groups.values() if len(members) > 1}

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ...core.program import Place, Recv, Send, Slice, Unpack, batch_keepers, reads
+from ...core.program import Pack, Place, Recv, Send, Slice, Unpack, batch_keepers, reads
 from ...errors import PlanError, RuntimeFault
 from ...frontend.reference import check_inputs
 from ..lowering import Lowered
@@ -219,16 +219,20 @@ def _dispatch(consts: dict, prog) -> list[tuple[int, tuple[int, ...], Callable |
     # Buffers execute may wait on: what receives fill (and views of it), and what sends read
     # (a send parked on a busy line leaves its source waiting on that line).
     pending: set[int] = set()
+    packed_here: set[int] = set()  # a Pack kernel's buffers: their Unpack views wait for none
     table = []
     for ins, keep in zip(prog.instrs, batch_keepers(prog.instrs)):
+        local = isinstance(ins, Unpack) and ins.src in packed_here
         code = (_SEND if isinstance(ins, Send) else _RECV if isinstance(ins, Recv)
-                else _UNPACK if isinstance(ins, Unpack)
+                else _UNPACK if isinstance(ins, Unpack) and not local
                 else _HOST if keep and not isinstance(ins, Slice) else _KERNEL)
+        if isinstance(ins, Pack):
+            packed_here.add(ins.out)
         table.append((code, tuple(b for b in reads(ins) if b in pending),
                       step_handler(ins) if code in (_HOST, _KERNEL) else None))
         if isinstance(ins, Recv):
             pending.update((ins.out, ins.into))
-        elif isinstance(ins, Unpack):
+        elif isinstance(ins, Unpack) and not local:
             pending.update(b for out, _, into, _ in ins.parts for b in (out, into))
         elif isinstance(ins, Send):
             pending.add(ins.src)
