@@ -62,6 +62,7 @@ trees, link-safe rounds) from route choice.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 from ..core.geometry import (
@@ -77,8 +78,8 @@ from ..errors import PlanError
 from ..frontend.ir import DTYPE_BYTES, TensorInfo
 from .placement import Piece
 from .routes import RANK_REFERENCE_BYTES, routes_for
-from .timing import exchange_time, level_busy
-from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer
+from .timing import exchange_time, level_busy, replays
+from .transfers import EMPTY, MODES, NAIVE_MODES, Exchange, Reduce, Transfer, pack_groups
 from .folds import reduce_partials
 from .paths import blocks_sent, spread_send, worth_paths
 from .rings import is_mesh, mesh_rings, ring_copy
@@ -375,7 +376,12 @@ def _fastest(programs: list[Exchange], topology) -> Exchange:
         t = exchange_time(programs[i], topology)
         if best is None or (t, i) < best:
             best = (t, i)
-    return programs[best[1]]
+    kept = programs[best[1]]
+    # the same program with a device's strided sends of a round packed by one kernel
+    one = replace(kept, one_pack=True)
+    if replays(topology) and pack_groups(one) and exchange_time(one, topology) < best[0]:
+        return one
+    return kept
 
 
 def _devices(produced: Sequence[Piece], needs: Sequence[tuple[Region, int]]) -> set[int]:

@@ -57,7 +57,8 @@ class Exchange:
     holds them, which decides the buffer each send reads (`replay.py`). `early`: the part of
     `copies` whose needs copy no received part (own parts only): a reader runs those before
     anything arrives; `copied`: the received parts (device, region) the other copies read,
-    which they wait for."""
+    which they wait for. `one_pack`: a device's strided sends of a round share one pack
+    kernel (`pack_groups`) rather than one each."""
     transfers: tuple[Transfer, ...]
     reduces: tuple[Reduce, ...] = ()
     copies: tuple[tuple[int, int, int], ...] = ()
@@ -65,6 +66,7 @@ class Exchange:
     sources: tuple[tuple[Region, int, tuple[int, ...]], ...] = ()
     early: tuple[tuple[int, int, int], ...] = ()
     copied: tuple[tuple[int, Region], ...] = ()
+    one_pack: bool = False
 
     @property
     def n_rounds(self) -> int:
@@ -87,9 +89,13 @@ def pack_groups(ex: Exchange) -> dict[int, tuple[int, ...]]:
     """The strided sends a device packs with one kernel where exchanges run as programs
     (`timing.replays`): per (sender, round), the transfers whose region is a strided part of
     a producer piece the sender holds (`Exchange.sources`, the first that contains it, as
-    lowering finds it), two or more; keyed by the first of them in program order. One copy
-    kernel lays them end to end and each leaves as a contiguous view of it (a kernel launch
-    per strided send was most of a small all-to-all: a100x8, 1 MiB, 0.045 -> 0.013 ms)."""
+    lowering finds it), two or more; keyed by the first of them in program order; none
+    unless `ex.one_pack`. One copy kernel lays them end to end and each leaves as a
+    contiguous view of it: a kernel launch per strided send was most of a small all-to-all
+    (a100x8, 1 MiB: 0.045 -> 0.020 ms), while for large ones every send then waits for the
+    whole pack (1 GiB: 0.488 -> 0.561), so synthesis keeps the faster (`exchange._fastest`)."""
+    if not ex.one_pack:
+        return {}
     groups: dict[tuple[int, int], list[int]] = {}
     order = sorted(range(len(ex.transfers)), key=lambda i: (ex.transfers[i].round, i))
     for i in order:
