@@ -13,7 +13,7 @@ from einsummable.planning.transfers import Exchange
 from einsummable.core.geometry import contains, subtract, volume
 from einsummable.planning.timing import exchange_time, link_bytes
 from einsummable.planning.exchange import synthesize
-from einsummable.frontend.ir import make_op
+from einsummable.frontend.ir import TensorInfo, make_op
 from einsummable.planning.placement import input_needs, output_layout, place
 from einsummable.frontend.scalar import arg, call
 from einsummable.planning.spec import decompositions
@@ -82,6 +82,30 @@ def producer_consumer(rng: random.Random):
     cons = make_op("c", "ik,kl->il", ["t", "w"], "u", shapes,
                    join=call("mul", arg(0), arg(1)), agg="sum")
     return prod, cons, agg
+
+
+def random_case(rng: random.Random, n: int):
+    """A producer's random layout on n devices, a consumer's random needs, and the values:
+    (info, pieces, needs, agg, values per piece, the true tensor)."""
+    prod, cons, agg = producer_consumer(rng)
+    pieces = output_layout(prod, random_cand(prod, n, rng))
+    needs = input_needs(cons, random_cand(cons, n, rng), 0)
+    shape = prod.size["i"], prod.size["k"]
+    parts = [torch.randn(shape) for _ in range(pieces[0].n_slices)]
+    truth = parts[0]
+    for p in parts[1:]:
+        truth = truth + p if agg == "sum" else torch.maximum(truth, p)
+    values = {(p.region, p.device, p.slice):
+              parts[p.slice][tuple(slice(a, b) for a, b in p.region)] for p in pieces}
+    return TensorInfo(prod.output, shape), pieces, needs, agg, values, truth
+
+
+def assert_delivers(ex, pieces, needs, agg, values, truth) -> None:
+    """Run `ex` on the values and check every need against the true tensor."""
+    fs = run_exchange(ex, pieces, values, agg)
+    for q, d in needs:
+        torch.testing.assert_close(assemble(fs, d, q, tuple(truth.shape)),
+                                   truth[tuple(slice(a, b) for a, b in q)], rtol=1e-5, atol=1e-5)
 
 
 def random_cand(op, n, rng):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from einsummable.backend.lowering import lower_exchange
@@ -19,11 +18,11 @@ from einsummable.frontend.ir import TensorInfo
 from einsummable.planning import exchange as exchange_mod
 from einsummable.planning import paths, rings
 from einsummable.planning.folds import reduce_partials
-from einsummable.planning.placement import Piece, input_needs, output_layout
+from einsummable.planning.placement import Piece
 from einsummable.planning.timing import exchange_time, link_bytes
 from einsummable.topology import load_topology
 
-from test_exchange import assemble, producer_consumer, random_cand, run_exchange
+from test_exchange import assert_delivers, random_case
 
 DGX1 = load_topology("dgx1-v100")
 
@@ -69,23 +68,9 @@ def test_the_cube_mesh_packs_four_rings_over_its_six_lanes():
 @settings(max_examples=120, deadline=None)
 @given(seed=st.integers(0, 2 ** 31), multipath=st.booleans())
 def test_ring_programs_deliver_exactly_what_is_needed(seed, multipath, small_chunks):
-    rng = random.Random(seed)
-    prod, cons, agg = producer_consumer(rng)
-    pieces = output_layout(prod, random_cand(prod, 8, rng))
-    needs = input_needs(cons, random_cand(cons, 8, rng), 0)
-    shape = prod.size["i"], prod.size["k"]
-    parts = [torch.randn(shape) for _ in range(pieces[0].n_slices)]
-    truth = parts[0]
-    for p in parts[1:]:
-        truth = truth + p if agg == "sum" else torch.maximum(truth, p)
-    values = {(p.region, p.device, p.slice):
-              parts[p.slice][tuple(slice(a, b) for a, b in p.region)] for p in pieces}
-    info = TensorInfo(prod.output, shape)
+    info, pieces, needs, agg, values, truth = random_case(random.Random(seed), 8)
     ex = _ring_program(info, pieces, needs, DGX1, multipath)
-    fs = run_exchange(ex, pieces, values, agg)
-    for q, d in needs:
-        torch.testing.assert_close(assemble(fs, d, q, shape),
-                                   truth[tuple(slice(a, b) for a, b in q)], rtol=1e-5, atol=1e-5)
+    assert_delivers(ex, pieces, needs, agg, values, truth)
     # synthesis keeps the fastest of its programs: never slower than the ring one
     kept = exchange_mod.synthesize(info, pieces, needs, agg, DGX1)
     assert exchange_time(kept, DGX1) <= exchange_time(ex, DGX1) * (1 + 1e-12)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from einsummable.backend import lowering
@@ -18,12 +17,12 @@ from einsummable.frontend.ir import TensorInfo
 from einsummable.planning import exchange as exchange_mod
 from einsummable.planning import trees
 from einsummable.planning.folds import reduce_partials
-from einsummable.planning.placement import Piece, input_needs, output_layout
+from einsummable.planning.placement import Piece
 from einsummable.planning.timing import exchange_time, link_bytes
 from einsummable.topology import load_topology
 
 from helpers import TOPOS
-from test_exchange import assemble, producer_consumer, random_cand, run_exchange
+from test_exchange import assert_delivers, random_case
 
 
 def _tree_program(info, pieces, needs, agg, topo, copy=trees.tree_copy):
@@ -48,27 +47,13 @@ def _tree_program(info, pieces, needs, agg, topo, copy=trees.tree_copy):
        scatter=st.booleans())
 def test_tree_programs_deliver_exactly_what_is_needed(seed, n, scatter, monkeypatch_module):
     # Chunks of a few elements, so that blocks are cut and relayed chunk by chunk.
-    rng = random.Random(seed)
-    prod, cons, agg = producer_consumer(rng)
     topo = TOPOS[n]
-    pieces = output_layout(prod, random_cand(prod, n, rng))
-    needs = input_needs(cons, random_cand(cons, n, rng), 0)
-    shape = prod.size["i"], prod.size["k"]
-    parts = [torch.randn(shape) for _ in range(pieces[0].n_slices)]
-    truth = parts[0]
-    for p in parts[1:]:
-        truth = truth + p if agg == "sum" else torch.maximum(truth, p)
-    values = {(p.region, p.device, p.slice):
-              parts[p.slice][tuple(slice(a, b) for a, b in p.region)] for p in pieces}
-    info = TensorInfo(prod.output, shape)
+    info, pieces, needs, agg, values, truth = random_case(random.Random(seed), n)
     ex = _tree_program(info, pieces, needs, agg, topo,
                        trees.scatter_copy if scatter else trees.tree_copy)
     if ex is None:
         return
-    fs = run_exchange(ex, pieces, values, agg)
-    for q, d in needs:
-        torch.testing.assert_close(assemble(fs, d, q, shape),
-                                   truth[tuple(slice(a, b) for a, b in q)], rtol=1e-5, atol=1e-5)
+    assert_delivers(ex, pieces, needs, agg, values, truth)
     # where synthesis weighs the packed-tree program (a block with several remote readers)
     # the program it keeps is never slower
     if pieces[0].n_slices == 1 and trees.worth_trees(
