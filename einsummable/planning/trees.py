@@ -112,9 +112,10 @@ def scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
     """Deliver every need as a scatter, then an all-gather among the readers: a block its
     readers D lack is cut into |D| m row-major chunks, chunk i sent from its nearest holder
     to reader D[i mod |D|], which sends it on to every other reader. The holder sends the
-    block once, every reader forwards 1 / |D| of it, and what a reader forwards is all it
-    copies again (a forwarded buffer cannot land in place), where a relay in a packed tree
-    may forward most of the block. m chunks per reader (CHUNK_BYTES or more each) pipeline
+    block once and every reader forwards 1 / |D| of it, where a relay in a packed tree may
+    forward most of the block (when this was built, a forwarded buffer could not land in
+    place and each relay copied what it forwarded; now it sends from where it landed). m
+    chunks per reader (CHUNK_BYTES or more each) pipeline
     the two phases. Returns False, emitting nothing, where the program would exceed the
     transfer budget with two chunks per reader, or where the blocks have more than half as
     many holders as readers: there the holders' ports are not the bottleneck, and every
