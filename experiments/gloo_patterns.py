@@ -9,8 +9,8 @@ the given bytes among every rank), stated as a producer layout and its readers' 
                  packed, parts landing in place), run by the gloo executor
                  (`runtime/dist.execute`), each rank ending when its needs are assembled;
     gloo         the collective a user would call for it, ending with each rank holding
-                 what the pattern's needs say: all_gather_into_tensor, reduce_scatter_tensor
-                 (all_reduce and the rank's slice where gloo has none), all_reduce,
+                 what the pattern's needs say: all_gather_single, reduce_scatter_single
+                 (all_reduce and the rank's slice where a build's gloo lacks it), all_reduce,
                  broadcast, all_to_all_single (after packing the rank's column blocks
                  contiguous, as einsummable's senders pack them).
 
@@ -38,6 +38,9 @@ CHECK_RTOL = 1e-5
 TOPOLOGY = {2: "cpu2", 4: "cpu4"}
 # The headline bar of the issue: einsummable within this factor of gloo's collective.
 GLOO_RATIO = 1.2
+# The single-tensor collectives under their torch 2.13 names (the older ones warn).
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,11 @@ def _gloo_step(kind: str, x: torch.Tensor, rank: int, world: int):
     mine = x[rows * rank // world:rows * (rank + 1) // world].contiguous()
     if kind == "all_gather":
         out = torch.empty_like(x)
-        return (lambda: dist.all_gather_into_tensor(out, mine)), lambda: out
+        return (lambda: _ALL_GATHER(out, mine)), lambda: out
     if kind == "reduce_scatter":
         out = torch.empty_like(mine)
         try:
-            dist.reduce_scatter_tensor(out, x.clone())
+            _REDUCE_SCATTER(out, x.clone())
         except (RuntimeError, NotImplementedError, ValueError):  # gloo has none
             buf = x.clone()
 
@@ -83,7 +86,7 @@ def _gloo_step(kind: str, x: torch.Tensor, rank: int, world: int):
         src = x.clone()
 
         def run() -> None:
-            dist.reduce_scatter_tensor(out, src)
+            _REDUCE_SCATTER(out, src)
         return run, lambda: out
     if kind == "all_reduce":
         buf = x.clone()
