@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.geometry import Region, cut_along, volume
+from ..core.geometry import Region, volume
 from .trees import CHUNK_BYTES, TRANSFER_BUDGET, _groups, _stitch_all, chunks
 
 # Device sets up to this size are searched for cycles exactly (a depth-first search with
@@ -150,8 +150,16 @@ def is_mesh(topology, devs: Sequence[int]) -> bool:
     """Whether `devs` form a mesh: every pair joined by dedicated links, directly or through
     one other device, and some pair not by one link of its port's full rate (on a switch
     every pair is, and direct sends already reach the bound; links on shared media, PCIe
-    or NICs, are no mesh)."""
-    devs = tuple(devs)
+    or NICs, are no mesh). Memoised per topology instance."""
+    devs = tuple(sorted(set(devs)))
+    cache = getattr(topology, "_cache", None)
+    memo = cache.setdefault("is-mesh", {}) if isinstance(cache, dict) else {}
+    if devs not in memo:
+        memo[devs] = _is_mesh(topology, devs)
+    return memo[devs]
+
+
+def _is_mesh(topology, devs: tuple[int, ...]) -> bool:
     n = topology.world_size
     near = [{b for b in range(n) if b != a and dedicated(topology, a, b) is not None}
             for a in range(n)]
