@@ -14,7 +14,8 @@ the given bytes among every rank), stated as a producer layout and its readers' 
                  broadcast, all_to_all_single (after packing the rank's column blocks
                  contiguous, as einsummable's senders pack them).
 
-Partial sums: every rank holds the same tensor as its partial, so a correct sum is world
+The table shows, beside einsummable's measured time, the objective's price of the same
+exchange on that topology (`predicted_s`). Partial sums: every rank holds the same tensor as its partial, so a correct sum is world
 times it; both systems' results are checked once against that before timing. Timing follows
 `measure.py`: spawned ranks, one thread each, warm-up passes, a barrier before every timed
 pass, the two systems alternating, the slowest rank's time per round, the median over rounds
@@ -160,6 +161,17 @@ def measure_patterns(job: Job, timeout_s: float) -> dict:
     return got
 
 
+def predicted_s(kind: str, world: int, nbytes: int) -> float:
+    """The objective's price of the pattern's exchange on the ranks' topology
+    (`timing.exchange_time` of what synthesis keeps), shown beside what it measured."""
+    from einsummable.planning.exchange import synthesize
+    from einsummable.planning.timing import exchange_time
+    from einsummable.topology import load_topology
+    topo = load_topology(TOPOLOGY[world])
+    p = pattern(kind, world, nbytes, "float32")
+    return exchange_time(synthesize(p.info, p.produced, p.needs, p.agg, topo), topo)
+
+
 def runner(cfg: dict, stream=None) -> tuple[list, dict, str]:
     """The `exchange_patterns` config kind in `mode: measured`; (rows, extra fields, table)."""
     from .harness import Progress, Row
@@ -176,13 +188,14 @@ def runner(cfg: dict, stream=None) -> tuple[list, dict, str]:
                                  float(cfg.get("timeout_s", 900)))
         lines.append(f"\n{world} gloo ranks{over}, {TOPOLOGY[world]} programs, measured "
                      "(median of interleaved rounds, the slowest rank's; p25-p75)")
-        lines.append(f"{'pattern':15s} {'size':>9s} {'einsummable':>20s} {'gloo':>20s} "
-                     f"{'ratio':>6s}  correct")
+        lines.append(f"{'pattern':15s} {'size':>9s} {'einsummable':>20s} {'predicted':>10s} "
+                     f"{'gloo':>20s} {'ratio':>6s}  correct")
         ratios = []
         for key, r in found.items():
             mine, gloo = r["einsummable"], r["gloo"]
             ratio = mine["median_s"] / gloo["median_s"]
             ratios.append(ratio)
+            predicted = predicted_s(r["pattern"], world, r["bytes"])
             name = f"{world} ranks {r['pattern']} {_size(r['bytes'])}"
             extra = {"pattern": r["pattern"], "bytes": r["bytes"], "world": world,
                      "oversubscribed": world > 2}
@@ -190,12 +203,13 @@ def runner(cfg: dict, stream=None) -> tuple[list, dict, str]:
                 t = r[system]
                 rows.append(Row(cfg["name"], name, system, world, time_s=t["median_s"],
                                 p25_s=t["p25_s"], p75_s=t["p75_s"],
+                                model_s=predicted if system == "einsummable" else None,
                                 note=("correct" if r["correct"][system] else "WRONG OUTPUT")
                                 + over, extra=extra))
             span = lambda t: f"{t['median_s'] * 1e3:8.3f} ({t['p25_s'] * 1e3:.2f}-" \
                              f"{t['p75_s'] * 1e3:.2f})"  # noqa: E731
             lines.append(f"{r['pattern']:15s} {_size(r['bytes']):>9s} {span(mine):>20s} "
-                         f"{span(gloo):>20s} {ratio:6.2f}  "
+                         f"{predicted * 1e3:10.3f} {span(gloo):>20s} {ratio:6.2f}  "
                          f"{'yes' if all(r['correct'].values()) else 'NO'}")
         within = sum(x <= GLOO_RATIO for x in ratios)
         summary[world] = {"within_ratio": within, "rows": len(ratios),

@@ -307,10 +307,12 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
                   spread: bool, prepare) -> Exchange:
     """The copy step from the full sources `prepare(b)` gives (the producer's pieces, or the
     folded partial sums) to the needs it gives: the plain program, and in the optimized
-    mode where a block has several remote readers or more than two partial slices fold,
-    also the packed-tree program (`trees.py`: folds up and copies down packed trees), and
-    the scatter-then-gather program where it applies (`trees.scatter_copy`); the fastest
-    under `exchange_time` is kept."""
+    mode where partial sums fold, the pipelined and the direct folds (`folds.py`); where a
+    block has several remote readers or more than two partial slices fold, the packed-tree
+    program (`trees.py`), the scatter-then-gather program where it applies
+    (`trees.scatter_copy`) and on a mesh the ring program (`rings.py`); on a mesh where a
+    block is large enough to cut, the multipath program (`paths.py`). The fastest under
+    `exchange_time` is kept (`_fastest`)."""
     def program(copy, **flags) -> Exchange | None:
         """A synthesis with `flags` set, its sources prepared, then `copy` run on them; None
         where `copy` declines (returns False)."""
@@ -367,7 +369,8 @@ def _fastest(programs: list[Exchange], topology) -> Exchange:
     """The first of the fastest programs under `exchange_time`. Timing (a replay) is most of
     synthesis' cost, and a program's wire floor (its busiest link's bytes over that link's
     rate, `timing.level_busy`) bounds its time from below: programs are timed lowest floor
-    first, and one whose floor exceeds the best time so far is never timed."""
+    first, and one whose floor exceeds the best time so far is never timed. The one kept is
+    also timed with a round's strided sends packed by one kernel (`Exchange.one_pack`)."""
     floors = [max(level_busy(ex, topology), default=0.0) for ex in programs]
     best: tuple[float, int] | None = None
     for i in sorted(range(len(programs)), key=lambda k: (floors[k], k)):
