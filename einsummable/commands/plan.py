@@ -1,11 +1,15 @@
-"""`einsummable plan --model NAME | --module path.py:Class --topology NAME`: optimise a plan.
+"""`einsummable plan --model NAME | --module path.py:Class | --hf TYPE --topology NAME`: optimise a
+plan.
 
 The plan printed is the least simulated of the MIP's optimum and the named strategies
 (`selection.choose_plan`); `--mip-only` returns the MIP's optimum without simulating.
 
 Models by preset name are captured from their nn.Module built on the meta device (no weights
 are allocated); `--module` imports a file and captures `Class()` on an input of shape
-(batch, seq, dim) where dim comes from `--dim` or the class's `dim` attribute.
+(batch, seq, dim) where dim comes from `--dim` or the class's `dim` attribute. `--hf TYPE`
+builds a transformers model type from its default config (LLaMA's is 7B) with `--hf-set
+key=value` fields in place, on the meta device, and plans one layer or (`--hf-part model`) the
+whole model (`models.huggingface`).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pathlib import Path
 
 from ..errors import EinsummableError
 from ..frontend.capture import trace
+from ..models.huggingface import PARTS, hf, parse_overrides
 from ..models.presets import preset
 from ..optimizer.api import named_plan, optimize
 from ..optimizer.report import explain
@@ -30,6 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="preset name, e.g. llama-7b")
     src.add_argument("--module", help="path.py:Class (an nn.Module taking x of (batch, seq, dim))")
+    src.add_argument("--hf", metavar="TYPE",
+                     help="a transformers model type (llama, mistral, qwen2, gemma, phi3, gpt2, "
+                          "bert, ...) built from its default config")
+    p.add_argument("--hf-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config field for --hf, e.g. num_hidden_layers=2 (repeatable)")
+    p.add_argument("--hf-part", default="layer", choices=PARTS,
+                   help="--hf: plan one decoder layer (default) or the whole model")
+    p.add_argument("--hf-attn", default="sdpa", choices=("sdpa", "eager"),
+                   help="--hf: the attention implementation the model is built with")
     p.add_argument("--topology", required=True, help="shipped name (a100x8, ...) or a YAML path")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
@@ -58,6 +72,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_graph(args: argparse.Namespace):
+    if args.hf:
+        import torch
+        module, inputs = hf(args.hf, part=args.hf_part, batch=args.batch, seq=args.seq,
+                            dtype=getattr(torch, args.dtype),
+                            overrides=parse_overrides(args.hf_set),
+                            attn_implementation=args.hf_attn)
+        return trace(module, inputs)
+    if args.hf_set:
+        raise EinsummableError("--hf-set sets fields of a --hf model's config",
+                               fix="pass --hf TYPE, or leave --hf-set out")
     if args.model:
         import torch
         module, inputs = preset(args.model, args.batch, args.seq, device="meta",

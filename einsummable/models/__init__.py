@@ -1,8 +1,10 @@
 """Model zoo: LLaMA, GPT-2, Mistral blocks and MLPs as plain nn.Modules, plus named presets.
 
     module, (x,) = preset("llama-7b", batch=4, seq=2048, device="meta")
+    module, (x,) = hf("llama")      # a transformers model type's layer, its defaults (7B)
 """
 from einsummable.models.gpt2 import GPT2Block, GPT2Config
+from einsummable.models.huggingface import hf, hf_config
 from einsummable.models.init import init_weights
 from einsummable.models.llama import (
                                       Attention,
@@ -33,4 +35,5 @@ __all__ = [
     "LlamaConfig", "LlamaBlock", "LlamaStack", "Attention", "FeedForward", "RMSNorm",
     "precompute_rotary", "rotate_half", "apply_rotary", "repeat_kv", "llama_ffn_dim",
     "GPT2Config", "GPT2Block", "MistralConfig", "MistralBlock", "MLP", "TwoLayerMLP",
+    "hf", "hf_config",
 ]
