@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from ..backend.runtime.simulator import block_time, simulate
+from ..backend.runtime.workers import library_main
 from ..frontend.ir import Graph
 from ..optimizer.api import named_plan, optimize, resolve_options
 from ..optimizer.model import build_model
@@ -128,7 +129,9 @@ def _simulate_all(plans: Sequence[Plan], jobs: int, measure: str | None
     if jobs == 1 or len(plans) < 2:
         return [simulated_s(p, measure) for p in plans]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(plans)), mp_context=context) as pool:
+    # the pool's processes start as they are needed, during map: keep the user's main out
+    with library_main(), ProcessPoolExecutor(max_workers=min(jobs, len(plans)),
+                                             mp_context=context) as pool:
         return list(pool.map(_simulated_from_json, [p.to_json() for p in plans],
                              [measure] * len(plans)))
 

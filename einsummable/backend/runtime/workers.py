@@ -1,10 +1,12 @@
 """The worker processes' environment: what every spawned rank (the executor's pools, the
-bench's measured ranks) starts with, the port it meets on, the threads it uses."""
+bench's measured ranks) starts with, the port it meets on, the threads it uses, and that it
+never runs the user's script again."""
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
+import sys
 from typing import Iterator
 
 # Environment of every worker, unless the caller set the variable. With OpenMP's default wait
@@ -36,11 +38,39 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def worker_env() -> Iterator[None]:
-    """Spawned workers read their environment at start: set WORKER_ENV for the spawn only."""
+    """Spawned workers read their environment at start: set WORKER_ENV for the spawn only,
+    and start them as the library's own processes (`library_main`)."""
     added = {k: v for k, v in WORKER_ENV.items() if k not in os.environ}
     os.environ.update(added)
     try:
-        yield
+        with library_main():
+            yield
     finally:
         for k in added:
             os.environ.pop(k, None)
+
+
+@contextlib.contextmanager
+def library_main() -> Iterator[None]:
+    """Processes spawned inside this block do not run the parent's `__main__`.
+
+    A spawned process re-runs the parent's main script (its `__file__`, or its module under
+    `python -m`) before it unpickles its target, so that functions defined there resolve. A
+    worker's target and arguments are the library's own, so that is never needed, and it is
+    harmful: a user's script without an `if __name__ == "__main__":` guard would start its
+    own ranks in every rank (Python's bootstrapping error), and a script read from standard
+    input cannot be re-run at all. multiprocessing decides what to re-run from the main
+    module's `__spec__` and `__file__` when the process starts, so they are hidden for that
+    moment and put back."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
