@@ -379,6 +379,13 @@ def test_invalid_yaml_syntax(tmp_path):
         _load(tmp_path, "name: [unclosed\n")
 
 
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: m\u00e4chine\n".encode("latin-1"))
+    with pytest.raises(TopologyError, match=r"latin1.yaml: not UTF-8 text \(byte 0xe4 on line 1"):
+        load_topology(path)
+
+
 # ---- schema errors name nested field paths ----
 
 NESTED = [

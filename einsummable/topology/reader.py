@@ -76,7 +76,19 @@ def load_topology(name_or_path: str | Path | Topology) -> Topology:
                             fix="check the path, or use a shipped name: "
                             + ", ".join(shipped_topologies()))
     try:
-        data = yaml.safe_load(path.read_text())
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TopologyError(f"{origin}: cannot be read: {e.strerror or e}",
+                            fix="check the file's permissions, or use a shipped name") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise TopologyError(f"{origin}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line "
+                            f"{line})", fix="save the file as UTF-8; a topology is YAML "
+                            "text, not a binary file") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise TopologyError(f"{origin}: not valid YAML: {e}",
                             fix="fix the YAML syntax at the marked line") from None
