@@ -259,6 +259,26 @@ def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
     assert quick.bound_s <= full.objective_s * (1 + 1e-9) <= quick.objective_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True, "20"])
+def test_a_time_limit_that_is_not_a_positive_number_is_refused(bad):
+    with pytest.raises(PlanError, match="time_limit_s must be a positive number"):
+        optimize(mlp(64), load_topology("cpu4"), time_limit_s=bad, cache=False)
+
+
+def test_a_tiny_time_limit_is_honoured_by_the_whole_call():
+    """0.01 s: the call returns within the limit + 10% + 1 s with the best strategy scored,
+    its exact cost and an honest bound (the floor: every node's least compute)."""
+    topo = load_topology("h100x8x2")
+    g = mlp(4096, d=1024, f=4096)
+    t0 = time.perf_counter()
+    quick = optimize(g, topo, steady_state=True, time_limit_s=0.01, cache=False)
+    assert time.perf_counter() - t0 <= 0.01 * 1.1 + 1.0
+    assert quick.origin.status == "time_limit"
+    assert quick.objective_s == pytest.approx(
+        plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
+    assert 0 < quick.bound_s <= quick.objective_s
+
+
 def test_pricing_stops_at_its_deadline():
     topo = load_topology("h100x8x2")
     model = build_model(mlp(4096, d=1024, f=4096), topo, Options("sharded", True))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Mapping
+
+from formulations.problem import Solution, gap_of
 
 from ..errors import InfeasibleError, PlanError
 from ..frontend.ir import Graph
@@ -19,7 +22,7 @@ from .model import Model, build_model, fixed_nodes
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
 from .pricing import EdgePricer
-from .search import solve_model
+from .search import floor_s, solve_model
 
 # A proved gap below this is float rounding in the sums (the objective re-added in another
 # order), not a missing proof: an optimal plan reports its objective as the bound, so the
@@ -50,6 +53,19 @@ def resolve_options(options: Options | None = None, *, weights: str | None = Non
                 raise PlanError(f"{k}={v!r} contradicts options.{k}={getattr(options, k)!r}",
                                 fix="pass the options once: in Options, or as keywords")
     return dataclasses.replace(base, **given)
+
+
+def check_time_limit(time_limit_s: float | None) -> None:
+    """None (no limit) or a positive, finite number of seconds: 0, negatives, NaN and infinity
+    are mistakes, not limits (an infinite limit is None)."""
+    if time_limit_s is None:
+        return
+    ok = (isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool)
+          and math.isfinite(time_limit_s) and time_limit_s > 0)
+    if not ok:
+        raise PlanError(f"time_limit_s must be a positive number of seconds, got "
+                        f"{time_limit_s!r}", fix="pass e.g. time_limit_s=20, or None for no "
+                        "limit (the search then runs to a proved optimum)")
 
 
 def _plan(model: Model, assignment: Mapping[str, int], objective: float, bound, gap,
@@ -130,14 +146,19 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     options: what defines the model (`Options`: weights, steady_state, cost model, overlap);
     the keywords of the same names are shortcuts for its fields (`resolve_options`).
 
-    time_limit_s: wall seconds for the whole search, model build and pricing included; when
-    it runs out the best plan found is returned with its bound and gap (status "time_limit").
+    time_limit_s: wall seconds for the whole search, model build, warm start and pricing
+    included; when it runs out the best plan found is returned with its bound and gap (status
+    "time_limit"). At least one strategy is scored, so a plan always comes back: the model
+    build and that strategy's exchanges are the least a call takes (`check_time_limit` says
+    what a limit may be).
     cache: True (default directory, or $EINSUMMABLE_CACHE_DIR), a directory, or False.
     pricer: an EdgePricer for this topology and cost model to reuse (its memo is shared with
     later builds, e.g. of named plans on the same graph); None makes a fresh one.
     overlap: weight exchanges stream behind compute (`objective.py`); False: plain sum.
     """
     t0 = time.perf_counter()
+    check_time_limit(time_limit_s)
+    deadline = None if time_limit_s is None else t0 + time_limit_s
     topology = load_topology(topology)
     options = resolve_options(options, weights=weights, steady_state=steady_state,
                               cost_model=cost_model, exchange_mode=exchange_mode,
@@ -157,6 +178,9 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
         for name in STRATEGIES:
             if STRATEGY_WEIGHTS.get(name, options.weights) != options.weights:
                 continue
+            if best_named is not None and deadline is not None \
+                    and time.perf_counter() >= deadline:
+                break  # out of time: the strategies scored so far warm-start the solve
             a, _ = named_assignment(model, name)
             named.append(a)
             obj = objective_s(model, a)
@@ -164,8 +188,14 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
                 best_named = (obj, a, name)
         warm = best_named[1] if best_named else None
     left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
-    sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
-                      incumbents=named)
+    if left == 0.0 and best_named is not None:
+        # out of time before the search: the best strategy scored, with the floor as bound
+        low = min(floor_s(model), best_named[0])
+        sol = Solution(dict(best_named[1]), best_named[0], low, gap_of(best_named[0], low),
+                       time.perf_counter() - t0, "time_limit", solver)
+    else:
+        sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
+                          incumbents=named)
     solve_s = time.perf_counter() - t0
     origin = Solved(solver, sol.status, time_limit_s, best_named[2] if best_named else None)
     bound, gap = sol.bound, sol.gap

@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from ..backend.runtime.simulator import block_time, simulate
 from ..backend.runtime.workers import library_main
 from ..frontend.ir import Graph
-from ..optimizer.api import named_plan, optimize, resolve_options
+from ..optimizer.api import check_time_limit, named_plan, optimize, resolve_options
 from ..optimizer.model import build_model
 from ..errors import InfeasibleError, PlanError
 from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS
@@ -87,6 +87,7 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
         raise PlanError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}",
                         fix="pass measure='block' (a block in a stack) or 'program' (the "
                             "plan's program alone), or leave it out")
+    check_time_limit(time_limit_s)
     topology = load_topology(topology)
     options = resolve_options(options, **shortcuts)
     if measure == BLOCK and not options.steady_state:
