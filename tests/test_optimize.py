@@ -1,6 +1,8 @@
 """The optimizer: MIP optimality against exhaustive search, plans, caching, rediscovery."""
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 
@@ -347,7 +349,43 @@ def test_cache_hits_and_survives_corruption(tmp_path):
     files[0].write_text("{not json")
     p3 = optimize(g, "a100x8", cache=tmp_path)
     assert p3.to_json() == p1.to_json()
-    assert Plan.from_json(files[0].read_text()).to_json() == p1.to_json()
+    assert Plan.from_json(json.loads(files[0].read_text())["plan"]).to_json() == p1.to_json()
+
+
+def _tamper(path, edit) -> None:
+    """Rewrite a cache file's plan with `edit`, its digest made to match (a careful edit)."""
+    doc = json.loads(path.read_text())
+    plan = json.loads(doc["plan"])
+    edit(plan)
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    path.write_text(json.dumps({"digest": hashlib.sha256(text.encode()).hexdigest(),
+                                "plan": text}))
+
+
+@pytest.mark.parametrize("how", ["digest", "objective", "devices", "named", "missing op"])
+def test_a_tampered_cache_is_solved_again(tmp_path, how, caplog):
+    g = mlp(128, d=256, f=512)
+    topo = load_topology("a100x8")
+    fresh = optimize(g, topo, cache=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    megatron = named_plan(g, topo, "megatron-tp")
+    assert megatron.objective_s > fresh.objective_s  # so serving it would be a wrong answer
+    if how == "digest":  # an edit that did not update the digest
+        doc = json.loads(path.read_text())
+        doc["plan"] = doc["plan"].replace('"objective_s":', '"objective_s":-1,"x":')
+        path.write_text(json.dumps(doc))
+    elif how == "objective":
+        _tamper(path, lambda p: p.update(objective_s=-1.0))
+    elif how == "devices":
+        _tamper(path, lambda p: p["choice"][0][1]["devices"][0].__setitem__(0, 99))
+    elif how == "named":  # the named plan's file in the optimum's place
+        _tamper(path, lambda p: p.update(json.loads(megatron.to_json())))
+    else:
+        _tamper(path, lambda p: p["choice"].pop())
+    with caplog.at_level("WARNING", logger="einsummable.optimizer.cache"):
+        again = optimize(g, topo, cache=tmp_path)
+    assert again.to_json() == fresh.to_json()
+    assert "not served" in caplog.text
 
 
 def test_repeated_blocks_are_tied():

@@ -167,7 +167,7 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     if cache:
         d = cache_dir(None if cache is True else cache)
         path = d / f"{cache_key(graph, topology, options, time_limit_s, solver)}.json"
-        hit = load_cached(path, graph, topology)
+        hit = load_cached(path, graph, topology, options, time_limit_s, solver)
         if hit is not None:
             return hit
     model = build_model(graph, topology, options, pricer=pricer)
