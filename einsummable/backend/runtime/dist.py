@@ -32,6 +32,7 @@ import torch
 
 from ...core.program import Pack, Place, Recv, Send, Slice, Unpack, batch_keepers, reads
 from ...errors import PlanError, RuntimeFault
+from ...frontend.inputs import conform_inputs
 from ...frontend.reference import check_inputs
 from ..lowering import Lowered
 from .local import RankState, step_handler
@@ -478,6 +479,7 @@ def run_dist(low: Lowered, inputs: Mapping[str, torch.Tensor], *, backend: str =
              no_collectives: bool = False, fault: tuple[int, int] | None = None
              ) -> dict[str, torch.Tensor]:
     check_inputs(low.graph, inputs)
+    inputs = conform_inputs(low.graph, inputs)  # before any rank starts
     n = low.world_size if world_size is None else world_size
     if n != low.world_size:
         raise PlanError(f"the plan is for {low.world_size} ranks but world_size={n}",

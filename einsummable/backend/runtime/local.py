@@ -29,6 +29,7 @@ from ...core.program import (
     Unpack,
 )
 from ...errors import RuntimeFault
+from ...frontend.inputs import conform_inputs
 from ...frontend.reference import TORCH_DTYPES, check_inputs, materialize, op_runner
 from ...frontend.scalar import combine
 from ..lowering import Lowered
@@ -223,6 +224,7 @@ def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
     the caller across runs of the same plan on the same device, so constant blocks are
     generated once."""
     check_inputs(low.graph, inputs)
+    inputs = conform_inputs(low.graph, inputs)  # before any rank starts
     dev = torch.device(device)
     cache = {} if consts is None else consts
     ranks = [RankState(low, p, inputs, dev, consts=cache.setdefault(p.rank, {}))
