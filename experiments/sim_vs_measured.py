@@ -31,7 +31,7 @@ import torch
 from einsummable.backend.lowering import lower
 from einsummable.planning.placement import INPUT_PREFIX, input_op, place, random_choice
 from einsummable.frontend.reference import evaluate
-from einsummable.backend.runtime.dist import Pools
+from einsummable.backend.runtime.pool import Pools
 from einsummable.backend.runtime.workers import threads_per_rank
 from einsummable.backend.runtime.local import run_local
 from einsummable.backend.runtime.simulator import simulate

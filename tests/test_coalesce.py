@@ -104,7 +104,7 @@ def test_only_small_blocks_are_worth_a_copy():
 
 
 def test_packed_llama_tiny_on_gloo_equals_reference():
-    from einsummable.backend.runtime.dist import Pools, run_dist
+    from einsummable.backend.runtime.pool import Pools, run_dist
     g, ins, _ = llama_tiny()
     topo = PACKING[4]
     want = evaluate(g, ins)[g.outputs[0]]

@@ -2,6 +2,7 @@
 a killed rank and a wrong world size fail fast with clear errors."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -12,7 +13,8 @@ from einsummable.backend.lowering import lower
 from einsummable.planning.placement import INPUT_PREFIX, input_op, place
 from einsummable.frontend.reference import evaluate
 from einsummable.backend.runtime import run
-from einsummable.backend.runtime.dist import WAIT_TIMEOUT_S, Pools
+from einsummable.backend.runtime.dist import WAIT_TIMEOUT_S
+from einsummable.backend.runtime.pool import Pools, run_dist
 from einsummable.topology import load_topology, synthetic
 
 from helpers import (LLAMA_TINY_STRATEGIES, llama_tiny as llama, named_plans, probe_blocks,
@@ -34,7 +36,7 @@ def test_llama_tiny_on_gloo_equals_reference(n, pools):
     assert rel_err(want, ref) <= 1e-5
     plans = named_plans(g, topo)  # every named strategy applies here, or this raises
     assert set(LLAMA_TINY_STRATEGIES) < set(plans)
-    from einsummable.backend.runtime.dist import run_dist
+    from einsummable.backend.runtime.pool import run_dist
     for name, choice in plans.items():
         low = lower(g, choice, topo)
         got = run_dist(low, ins, backend="gloo", pools=pools, no_collectives=True)
@@ -51,8 +53,8 @@ def test_collectives_really_raise_in_workers(pools, monkeypatch):
     # the ranks and the run succeeds). The parent's torch.distributed is never patched: the
     # refusal lives in the workers.
     import torch.distributed as dist
-    import einsummable.backend.runtime.dist as dist_mod
-    from einsummable.backend.runtime.dist import run_dist
+    import einsummable.backend.runtime.pool as pool_mod
+    from einsummable.backend.runtime.pool import run_dist
     from einsummable.frontend.builder import Builder
     from einsummable.frontend.scalar import arg
     b = Builder()
@@ -64,8 +66,8 @@ def test_collectives_really_raise_in_workers(pools, monkeypatch):
               INPUT_PREFIX + "x": place(input_op(g.tensor("x")), {"a": 2}, [0, 1])}
     low = lower(g, choice, synthetic(2))
     ins = {"x": torch.arange(12.0).reshape(4, 3)}
-    real = dist_mod.rank_blocks
-    monkeypatch.setattr(dist_mod, "rank_blocks", lambda *a: probe_blocks(real(*a)))
+    real = pool_mod.rank_blocks
+    monkeypatch.setattr(pool_mod, "rank_blocks", lambda *a: probe_blocks(real(*a)))
     parent_all_reduce = dist.all_reduce
     with pytest.raises(RuntimeFault, match=r"rank \d failed: collective "
                        r"torch\.distributed\.all_reduce was called"):
@@ -77,7 +79,7 @@ def test_killed_rank_fails_everyone_fast():
     g, ins, _ = llama()
     topo = load_topology("cpu4")
     low = lower(g, split_plan(g, 4, ("b",)), topo)
-    from einsummable.backend.runtime.dist import run_dist
+    from einsummable.backend.runtime.pool import run_dist
     p = Pools()
     try:
         pool = p.get("gloo", 4)
@@ -92,6 +94,36 @@ def test_killed_rank_fails_everyone_fast():
             assert not proc.is_alive()
     finally:
         p.close()
+
+
+def test_a_stopped_rank_is_named_before_any_receive_times_out():
+    """A rank whose process is there but does not run (SIGSTOP, as a debugger or the machine
+    would stop it) sends no heartbeat: it is named, not a peer whose receive times out."""
+    import signal
+    from einsummable.backend.runtime.pool import FROZEN_AFTER_S
+    g, ins, _ = llama()
+    low = lower(g, split_plan(g, 4, ("b",)), load_topology("cpu4"))
+    p = Pools()
+    try:
+        pool = p.get("gloo", 4)
+        os.kill(pool._procs[2].pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(RuntimeFault, match=r"rank 2 stopped responding"):
+            run_dist(low, ins, backend="gloo", pools=p)
+        assert FROZEN_AFTER_S <= time.monotonic() - start < WAIT_TIMEOUT_S
+    finally:
+        p.close()
+
+
+def test_a_failing_rank_puts_its_error_first_and_the_traceback_below(monkeypatch):
+    from einsummable.backend.runtime import pool as pool_mod
+    try:
+        raise ValueError("bad block\nsecond line")
+    except ValueError as e:
+        text = pool_mod._failure(e)
+    head, _, below = text.partition("\n")
+    assert head == "ValueError: bad block"
+    assert "Traceback" in below and "test_dist.py" in below
 
 
 def test_world_size_mismatch_is_refused():

@@ -51,8 +51,8 @@ def test_a_lossless_dtype_is_cast_on_every_backend(case, backend):
 @pytest.mark.parametrize("backend", ["local", "gloo"])
 def test_a_lossy_dtype_is_refused_before_any_rank_starts(case, backend, monkeypatch):
     g, plan = case
-    import einsummable.backend.runtime.dist as dist
-    monkeypatch.setattr(dist.Pools, "get", lambda *a, **k: pytest.fail("a rank was started"))
+    import einsummable.backend.runtime.pool as pool
+    monkeypatch.setattr(pool.Pools, "get", lambda *a, **k: pytest.fail("a rank was started"))
     with pytest.raises(DTypeError, match="weight 'w' is float64 but the graph takes float32"):
         es.run(plan, {"x": torch.randn(8, 16), "w": torch.randn(16, 12, dtype=torch.float64)},
                backend=backend)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from einsummable.backend.lowering import lower
-from einsummable.backend.runtime.dist import Pools, run_dist
+from einsummable.backend.runtime.pool import Pools, run_dist
 from einsummable.backend.runtime.simulator import simulate_programs
 from einsummable.core.program import Compute, Recv, Send
 from einsummable.frontend.builder import Builder

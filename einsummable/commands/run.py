@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..backend.lowering import lower
-from ..backend.runtime.dist import Pools
+from ..backend.runtime.pool import Pools
 from ..backend.runtime.local import run_local
 from ..errors import PlanError
 from ..frontend.reference import TORCH_DTYPES, evaluate

@@ -8,7 +8,7 @@ import torch
 
 from ...errors import PlanError
 from ..lowering import Lowered, lower
-from .dist import run_dist
+from .pool import run_dist
 from .local import run_local
 from .simulator import simulate
 

@@ -11,44 +11,29 @@ has a timeout.
 
 Two ways to launch:
 - `run(lowered, inputs, backend="gloo", world_size=4)` from Python: a pool of worker processes
-  (kept alive between calls, weights sent once per plan and kept) watched by the parent, which
-  turns a dead or silent rank into a RuntimeFault and stops the others.
+  (`pool.py`).
 - `torchrun --nproc-per-node 8 -m einsummable.backend.runtime.torchrun plan.json` (`torchrun.py`):
   every rank reads the plan (a lowered program bundle or a Plan JSON).
 """
 from __future__ import annotations
 
-import atexit
 import datetime
-import hashlib
 import os
-import queue
 import time
-import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 
 from ...core.program import Pack, Place, Recv, Send, Slice, Unpack, batch_keepers, reads
-from ...errors import PlanError, RuntimeFault
-from ...frontend.inputs import conform_inputs
-from ...frontend.reference import check_inputs
+from ...errors import RuntimeFault
 from ..lowering import Lowered
 from .local import RankState, step_handler
 from .outbox import Once, Outbox
-from .workers import free_port, threads_per_rank, worker_env
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
-# How often the parent checks that every worker is still alive.
-HEARTBEAT_S: float = 0.2
-# After a rank reports an error, how long the parent looks for a dead rank that caused it.
-DEATH_GRACE_S: float = 1.0
 # Message tags at and above this are the runtime's own (lowering numbers from 0 upwards).
 BARRIER_TAG: int = 1 << 30
-# How long the parent waits for a worker to start and join the process group.
-STARTUP_TIMEOUT_S: float = 120.0
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
     "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
@@ -270,220 +255,3 @@ def rank_blocks(low: Lowered, rank: int, inputs: Mapping[str, torch.Tensor],
             sl = tuple(slice(a, b) for a, b in ins.region)
             out[(ins.tensor, ins.region)] = inputs[ins.tensor][sl].contiguous().clone()
     return out
-
-
-# --------------------------------------------------------------------------- worker pool
-
-def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
-            no_collectives: bool) -> None:
-    import torch.distributed as dist
-    torch.set_num_threads(threads_per_rank(world))
-    try:
-        device: Any = "cpu"
-        if backend == "nccl":
-            device = torch.device("cuda", rank % torch.cuda.device_count())
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world,
-                                timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
-        if no_collectives:
-            forbid_collectives()
-        results.put((rank, "ready", None))
-    except Exception as e:  # noqa: BLE001
-        results.put((rank, "error", f"rank {rank} could not join the group: {e}"))
-        return
-    plans: dict[str, Lowered] = {}
-    weights: dict[str, dict] = {}
-    consts: dict[str, dict] = {}
-    parent = os.getppid()
-    while True:
-        try:
-            job = jobs.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:  # orphaned: the parent is gone
-                return
-            continue
-        if job is None:
-            break
-        key, low_json, new_weights, acts, fault_after, timed = job
-        try:
-            if low_json is not None:
-                plans[key] = Lowered.from_json(low_json)
-                weights[key], consts[key] = {}, {}
-            weights[key].update(new_weights)
-            blocks = {**weights[key], **acts}
-            if timed:  # start together, time only the program (not the job's transport)
-                p2p_barrier(rank, world)
-                t0 = time.perf_counter()
-            outs = execute(plans[key], rank, blocks, device, fault_after=fault_after,
-                           consts=consts[key])
-            if backend == "nccl":
-                torch.cuda.synchronize()
-            if timed:
-                results.put((rank, "done", time.perf_counter() - t0))
-                continue
-            results.put((rank, "done", {k: v.cpu() for k, v in outs.items()}))
-        except Exception as e:  # noqa: BLE001
-            msg = (str(e).split("\n  fix:")[0] if isinstance(e, RuntimeFault)
-                   else traceback.format_exc(limit=3))
-            results.put((rank, "error", msg))
-    try:
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-@dataclass
-class Pool:
-    """`world_size` worker processes joined in one process group, reused across runs."""
-    backend: str
-    world_size: int
-    no_collectives: bool = False
-    _procs: list = field(default_factory=list)
-    _jobs: list = field(default_factory=list)
-    _results: Any = None
-    _sent: dict = field(default_factory=dict)  # plan key -> {weight: (id, version)}
-
-    def start(self) -> "Pool":
-        import torch.multiprocessing as mp
-        ctx = mp.get_context("spawn")
-        port = free_port()
-        self._results = ctx.Queue()
-        with worker_env():
-            for r in range(self.world_size):
-                q = ctx.Queue()
-                p = ctx.Process(target=_worker, args=(r, self.world_size, self.backend, port, q,
-                                                      self._results, self.no_collectives),
-                                daemon=True)
-                p.start()
-                self._procs.append(p)
-                self._jobs.append(q)
-        got = self._collect("ready", STARTUP_TIMEOUT_S)
-        del got
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return bool(self._procs) and all(p.is_alive() for p in self._procs)
-
-    def _collect(self, want: str, limit_s: float) -> dict[int, Any]:
-        out: dict[int, Any] = {}
-        deadline = time.monotonic() + limit_s
-        while len(out) < self.world_size:
-            try:
-                rank, kind, payload = self._results.get(timeout=HEARTBEAT_S)
-            except queue.Empty:
-                dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
-                if dead:
-                    self.close()
-                    r, code = dead[0]
-                    raise RuntimeFault(f"rank {r} died (exit code {code}); the other ranks "
-                                       "were stopped", fix="see the rank's error output; "
-                                       "rerun, or check memory and the plan") from None
-                if time.monotonic() > deadline:
-                    self.close()
-                    raise RuntimeFault(f"ranks {sorted(set(range(self.world_size)) - set(out))}"
-                                       f" sent nothing for {limit_s:.0f} s; all were stopped",
-                                       fix="a rank hangs; check the plan and the backend")
-                continue
-            if kind == "error":
-                # A peer's error is usually the echo of a rank that died: name the dead one.
-                grace = time.monotonic() + DEATH_GRACE_S
-                dead: list = []
-                while not dead and time.monotonic() < grace:
-                    dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
-                    time.sleep(HEARTBEAT_S / 4)
-                self.close()
-                if dead:
-                    r, code = dead[0]
-                    raise RuntimeFault(f"rank {r} died (exit code {code}); rank {rank} saw: "
-                                       f"{payload}", fix="the other ranks were stopped; see the "
-                                       "dead rank's error output and rerun")
-                raise RuntimeFault(f"rank {rank} failed: {payload}",
-                                   fix="the other ranks were stopped; fix the cause and rerun")
-            out[rank] = payload
-        return out
-
-    def run(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
-            fault: tuple[int, int] | None = None, limit_s: float = 600.0) -> dict[str, torch.Tensor]:
-        return self._submit(low, inputs, fault, limit_s, timed=False)[0]
-
-    def time(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
-             limit_s: float = 600.0) -> float:
-        """Seconds of one run of the programs alone: every rank starts after a p2p barrier
-        and the run lasts until the slowest rank ends (job transport excluded)."""
-        return max(self._submit(low, inputs, None, limit_s, timed=True).values())
-
-    def _submit(self, low: Lowered, inputs: Mapping[str, torch.Tensor],
-                fault: tuple[int, int] | None, limit_s: float, timed: bool) -> dict[int, Any]:
-        if low.world_size != self.world_size:
-            raise PlanError(f"the plan is for {low.world_size} ranks but the pool has "
-                            f"{self.world_size}", fix=f"run with world_size={low.world_size}")
-        text = low.to_json()
-        key = hashlib.sha256(text.encode()).hexdigest()[:16]
-        weights = {t.name for t in low.graph.weights}
-        first = key not in self._sent
-        seen = self._sent.setdefault(key, {})
-        stale = {w for w in weights if seen.get(w) != (id(inputs[w]), inputs[w]._version)}
-        for w in stale:
-            seen[w] = (id(inputs[w]), inputs[w]._version)
-        acts = {t.name for t in low.graph.inputs if t.kind == "input"}
-        for r in range(self.world_size):
-            fa = fault[1] if fault is not None and fault[0] == r else None
-            self._jobs[r].put((key, text if first else None, rank_blocks(low, r, inputs, stale),
-                               rank_blocks(low, r, inputs, acts), fa, timed))
-        return self._collect("done", limit_s)
-
-    def close(self) -> None:
-        for q in self._jobs:
-            try:
-                q.put_nowait(None)
-            except Exception:  # noqa: BLE001
-                pass
-        deadline = time.monotonic() + 2.0
-        for p in self._procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join(5.0)
-        self._procs, self._jobs = [], []
-
-
-class Pools:
-    """Live worker pools by (backend, world size, collectives forbidden), so repeated `run`
-    calls reuse processes and the weights already placed in them."""
-
-    def __init__(self) -> None:
-        self._pools: dict[tuple, Pool] = {}
-        atexit.register(self.close)
-
-    def get(self, backend: str, world_size: int, no_collectives: bool = False) -> Pool:
-        key = (backend, world_size, no_collectives)
-        pool = self._pools.get(key)
-        if pool is None or not pool.alive:
-            pool = Pool(backend, world_size, no_collectives).start()
-            self._pools[key] = pool
-        return pool
-
-    def close(self) -> None:
-        for p in self._pools.values():
-            p.close()
-        self._pools.clear()
-
-
-POOLS = Pools()  # process-wide resource cache (like a connection pool), closed at exit
-
-
-def run_dist(low: Lowered, inputs: Mapping[str, torch.Tensor], *, backend: str = "gloo",
-             world_size: int | None = None, pools: Pools | None = None,
-             no_collectives: bool = False, fault: tuple[int, int] | None = None
-             ) -> dict[str, torch.Tensor]:
-    check_inputs(low.graph, inputs)
-    inputs = conform_inputs(low.graph, inputs)  # before any rank starts
-    n = low.world_size if world_size is None else world_size
-    if n != low.world_size:
-        raise PlanError(f"the plan is for {low.world_size} ranks but world_size={n}",
-                        fix=f"run with world_size={low.world_size}, or optimize for a "
-                            f"{n}-device topology")
-    pool = (pools or POOLS).get(backend, n, no_collectives)
-    return pool.run(low, inputs, fault=fault)
