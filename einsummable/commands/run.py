@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..backend.lowering import lower
+from ..backend.runtime.chrome import write_trace
 from ..backend.runtime.pool import Pools
 from ..backend.runtime.local import run_local
 from ..errors import PlanError
@@ -53,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("optimized", "naive", "naive-routed"), default="optimized",
                    help="exchange synthesis mode")
     p.add_argument("--check", action="store_true", help="compare with the reference evaluator")
+    p.add_argument("--trace", default=None, metavar="OUT.json",
+                   help="write one measured run's timeline as Chrome trace JSON (gloo ranks)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -68,6 +71,10 @@ def main(args: argparse.Namespace) -> int:
     if n != low.world_size:
         raise PlanError(f"the plan is for {low.world_size} ranks but --world-size is {n}",
                         fix=f"pass --world-size {low.world_size} or plan for {n} devices")
+    if args.trace and args.backend != "gloo":
+        raise PlanError("--trace records the ranks' timelines, which run as processes with "
+                        "--backend gloo", fix="pass --backend gloo, or see the simulated "
+                        "schedule with: einsummable show plan.json --trace out.json")
     inputs = random_inputs(plan.graph, args.seed)
     times: list[float] = []
     if args.backend == "local":
@@ -82,10 +89,14 @@ def main(args: argparse.Namespace) -> int:
             pool = pools.get("gloo", n, no_collectives=True)
             outs = pool.run(low, inputs)
             times = [pool.time(low, inputs) for _ in range(max(1, args.repeats))]
+            if args.trace:
+                write_trace(args.trace, low, pool.trace(low, inputs),
+                            f"measured, {n} gloo ranks")
         finally:
             pools.close()
     result = {"plan": args.plan, "backend": args.backend, "world_size": n, "mode": args.mode,
               "seed": args.seed, "repeats": len(times), "time_s": statistics.median(times),
+              "trace": args.trace,
               "outputs": {k: list(v.shape) for k, v in outs.items()}}
     ok = True
     if args.check:

@@ -1,4 +1,6 @@
-"""`einsummable show plan.json [--png out.png]`: explain a plan; optionally draw it.
+"""`einsummable show plan.json [--png out.png] [--trace out.json]`: explain a plan; optionally draw
+it, or write its simulated schedule as Chrome trace JSON (one track per device: kernels,
+sends, receives, waits; open it in Perfetto or chrome://tracing).
 
 The figure has one row per op and one column per device; a cell is shaded by the share of the
 op's tuples that device computes, and the right margin gives the op's compute and exchange
@@ -10,6 +12,9 @@ import argparse
 import json
 from pathlib import Path
 
+from ..backend.lowering import IN_PLACE, STEADY, lower
+from ..backend.runtime.chrome import write_trace
+from ..backend.runtime.simulator import simulate_programs
 from ..errors import PlanError
 from ..optimizer.report import explain, plan_costs
 from ..planning.plan import Plan
@@ -20,6 +25,8 @@ HELP = "explain a plan JSON (text, or a figure with --png)"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="Plan JSON")
     p.add_argument("--png", default=None, help="also draw the plan to this PNG file")
+    p.add_argument("--trace", default=None, metavar="OUT.json",
+                   help="also write the simulated schedule as Chrome trace JSON")
     p.add_argument("--no-strategies", action="store_true",
                    help="skip the comparison with the named strategies")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -55,6 +62,16 @@ def _figure(plan, path: str) -> None:
     plt.close(fig)
 
 
+def _trace(plan: Plan, path: str) -> None:
+    """The plan's program simulated as its objective speaks of it (outputs handed on in the
+    input layout for a steady-state plan, else left where they are), timeline written."""
+    deliver = STEADY if plan.options.steady_state else IN_PLACE
+    low = lower(plan, deliver=deliver)
+    sim = simulate_programs(low, plan.topology, trace=True, cost_model=plan.options.cost)
+    write_trace(path, low, sim.trace, f"simulated on {plan.topology.name}: "
+                f"{sim.time_s * 1e3:.3f} ms")
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         text = Path(args.plan).read_text()
@@ -64,9 +81,11 @@ def main(args: argparse.Namespace) -> int:
     report = explain(plan, strategies=not args.no_strategies)
     if args.png:
         _figure(plan, args.png)
+    if args.trace:
+        _trace(plan, args.trace)
     if args.json:
-        print(json.dumps({"objective_s": plan.objective_s, "report": report, "png": args.png},
-                         sort_keys=True))
+        print(json.dumps({"objective_s": plan.objective_s, "report": report, "png": args.png,
+                          "trace": args.trace}, sort_keys=True))
     else:
         print(report)
     return 0

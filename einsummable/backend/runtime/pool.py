@@ -42,6 +42,8 @@ STARTUP_TIMEOUT_S: float = 120.0
 BEAT_S: float = 0.5
 FROZEN_AFTER_S: float = 10.0
 assert FROZEN_AFTER_S < WAIT_TIMEOUT_S
+# What a job sends back: the outputs, the program's seconds, or its timeline.
+OUTPUTS, TIME, TRACE = "outputs", "time", "trace"
 
 
 def _beat(rank: int, results, stop: threading.Event) -> None:
@@ -93,24 +95,27 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
             continue
         if job is None:
             break
-        key, low_json, new_weights, acts, fault_after, timed = job
+        key, low_json, new_weights, acts, fault_after, want = job
         try:
             if low_json is not None:
                 plans[key] = Lowered.from_json(low_json)
                 weights[key], consts[key] = {}, {}
             weights[key].update(new_weights)
             blocks = {**weights[key], **acts}
-            if timed:  # start together, time only the program (not the job's transport)
+            if want != OUTPUTS:  # start together, time only the program (not the transport)
                 p2p_barrier(rank, world)
                 t0 = time.perf_counter()
+            timeline: list | None = [] if want == TRACE else None
             outs = execute(plans[key], rank, blocks, device, fault_after=fault_after,
-                           consts=consts[key])
+                           consts=consts[key], timeline=timeline)
             if backend == "nccl":
                 torch.cuda.synchronize()
-            if timed:
+            if want == TIME:
                 results.put((rank, "done", time.perf_counter() - t0))
-                continue
-            results.put((rank, "done", {k: v.cpu() for k, v in outs.items()}))
+            elif want == TRACE:
+                results.put((rank, "done", timeline))
+            else:
+                results.put((rank, "done", {k: v.cpu() for k, v in outs.items()}))
         except Exception as e:  # noqa: BLE001
             results.put((rank, "error", _failure(e)))
     try:
@@ -214,16 +219,23 @@ class Pool:
 
     def run(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
             fault: tuple[int, int] | None = None, limit_s: float = 600.0) -> dict[str, torch.Tensor]:
-        return self._submit(low, inputs, fault, limit_s, timed=False)[0]
+        return self._submit(low, inputs, fault, limit_s, OUTPUTS)[0]
 
     def time(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
              limit_s: float = 600.0) -> float:
         """Seconds of one run of the programs alone: every rank starts after a p2p barrier
         and the run lasts until the slowest rank ends (job transport excluded)."""
-        return max(self._submit(low, inputs, None, limit_s, timed=True).values())
+        return max(self._submit(low, inputs, None, limit_s, TIME).values())
+
+    def trace(self, low: Lowered, inputs: Mapping[str, torch.Tensor], *,
+              limit_s: float = 600.0) -> list[tuple[int, int, str, float, float, float]]:
+        """One run's timeline, started as `time` starts it: (rank, pc, kind, reached_s,
+        start_s, end_s) per instruction, on the machine's monotonic clock (`chrome.py`)."""
+        got = self._submit(low, inputs, None, limit_s, TRACE)
+        return [(r, *e) for r in sorted(got) for e in got[r]]
 
     def _submit(self, low: Lowered, inputs: Mapping[str, torch.Tensor],
-                fault: tuple[int, int] | None, limit_s: float, timed: bool) -> dict[int, Any]:
+                fault: tuple[int, int] | None, limit_s: float, want: str) -> dict[int, Any]:
         if low.world_size != self.world_size:
             raise PlanError(f"the plan is for {low.world_size} ranks but the pool has "
                             f"{self.world_size}", fix=f"run with world_size={low.world_size}")
@@ -239,7 +251,7 @@ class Pool:
         for r in range(self.world_size):
             fa = fault[1] if fault is not None and fault[0] == r else None
             self._jobs[r].put((key, text if first else None, rank_blocks(low, r, inputs, stale),
-                               rank_blocks(low, r, inputs, acts), fa, timed))
+                               rank_blocks(low, r, inputs, acts), fa, want))
         return self._collect("done", limit_s)
 
     def close(self) -> None:
