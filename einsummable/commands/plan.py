@@ -27,6 +27,7 @@ from ..optimizer.api import named_plan, optimize
 from ..optimizer.report import explain
 from ..selection.choose import choose_plan
 from ..topology import load_topology
+from .progress import progress
 
 HELP = "optimise a multi-device plan for a model on a topology"
 
@@ -106,6 +107,12 @@ def load_graph(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
+    with progress(not args.json):
+        plan, graph, topo = _make(args)
+    return _report(args, plan, graph, topo)
+
+
+def _make(args: argparse.Namespace):
     graph = load_graph(args)
     topo = load_topology(args.topology)
     if args.strategy:
@@ -118,6 +125,10 @@ def main(args: argparse.Namespace) -> int:
         plan = choose_plan(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
                            steady_state=args.steady_state, cache=not args.no_cache,
                            jobs=args.jobs)
+    return plan, graph, topo
+
+
+def _report(args: argparse.Namespace, plan, graph, topo) -> int:
     if args.out:
         Path(args.out).write_text(plan.to_json())
     if args.json:

@@ -139,7 +139,8 @@ def lp_pricing(model: Model, make_problem, upper: float, stop_at: float,
                     relax.set_cell(j, r, s_, *cell_terms(model, model.edges[j], x))
         log.info("LP relaxation: %d rounds in %.2f s, bound %.6g s%s",
                  rounds, time.perf_counter() - t0, res.value,
-                 "" if not todo else f" ({len(todo)} cells it uses left unpriced)")
+                 "" if not todo else f" ({len(todo)} cells it uses left unpriced)",
+                 extra={"progress": ("LP relaxation", None, res.value)})
         return res, not todo
     except SolveFailed as exc:
         log.info("LP relaxation failed (%s); the MIP rounds go on without it", exc)

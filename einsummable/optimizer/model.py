@@ -192,7 +192,7 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         seen = {id(e.matrix): e.matrix.shape for e in edges}
         log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",
                  len(nodes), len(edges), sum(r * c for r, c in seen.values()),
-                 time.perf_counter() - t_build)
+                 time.perf_counter() - t_build, extra={"progress": ("model built", None, None)})
     return model
 
 

@@ -189,7 +189,9 @@ def solve_lazily(model: Model, make_problem, warm_start, solve_problem,
         todo = unpriced(model, sol.assignment)
         log.info("solve %d%s: objective %.6g s on the estimates, bound %.6g s, %.2f s; "
                  "%d cells it uses unpriced", rounds + 1, " (priced cells only)" * priced_only,
-                 sol.objective, sol.bound, solve_s, len(todo))
+                 sol.objective, sol.bound, solve_s, len(todo),
+                 extra={"progress": (f"solve {rounds + 1}", best[0] if best else None,
+                                     max(bound, sol.bound) if not penalty else bound)})
         if not todo and sol.status == "optimal" and not penalty:
             return sol
         rounds += 1
@@ -234,7 +236,8 @@ def _price_logged(model: Model, cells: list[tuple], what: str,
     t0 = time.perf_counter()
     done = model.pricer.prefetch_short(cells, deadline)
     log.info("priced %d %s in %.2f s%s", done, what, time.perf_counter() - t0,
-             "" if done >= len(cells) else f" ({len(cells) - done} left: out of time)")
+             "" if done >= len(cells) else f" ({len(cells) - done} left: out of time)",
+             extra={"progress": (f"priced {done} exchanges", None, None)})
     return done
 
 
