@@ -270,7 +270,7 @@ def test_a_time_limit_that_is_not_a_positive_number_is_refused(bad):
 def test_a_tiny_time_limit_is_honoured_by_the_whole_call():
     """0.01 s: the call returns within the limit + 10% + 1 s with the best strategy scored,
     its exact cost and an honest bound (the floor: every node's least compute)."""
-    topo = load_topology("h100x8x2")
+    topo = load_topology("a100x8")
     g = mlp(4096, d=1024, f=4096)
     t0 = time.perf_counter()
     quick = optimize(g, topo, steady_state=True, time_limit_s=0.01, cache=False)

@@ -3,6 +3,7 @@ consumer (the report, `einsummable show`) prices a plan on the options it was so
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_show_prices_on_the_plan_options(plans, tmp_path, capsys):
     assert cli(["show", str(path), "--no-strategies", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     first_row = next(line for line in out["report"].splitlines() if line.startswith("up"))
-    compute_ms = float(first_row.split()[-3])  # compute ms, exchange ms, MB in
+    compute_ms = float(re.findall(r"\s(\d+\.\d+)", first_row)[0])  # then exch ms, MB in
     assert compute_ms == pytest.approx(want.compute_s * 1e3, abs=1e-4)
     assert "weight exchanges" not in out["report"]  # overlap off: no A + max(C, W) line
 
@@ -96,3 +97,19 @@ def test_keywords_that_contradict_the_options_are_refused():
     # a keyword alone is a shortcut for its field: the cost model's mode is kept
     plan = named_plan(g, "cpu4", "fsdp", cost_model=ODD.cost)
     assert plan.options.cost == ODD.cost
+
+
+def test_explain_names_modes_by_role_and_ops_by_source_line():
+    from einsummable.frontend.capture import trace
+    from einsummable.models import preset
+    from einsummable.optimizer.api import named_plan
+    from einsummable.optimizer.report import explain, splits_in_words, where
+    module, (x,) = preset("llama-tiny", batch=4, seq=64, device="meta")
+    g = trace(module, (x,))
+    plan = named_plan(g, "cpu4", "fsdp")
+    words = splits_in_words(plan)
+    assert any("batch/" in w for w in words.values())  # FSDP splits the tokens, batch first
+    assert not any(re.search(r"\b[a-z]/\d", w) for w in words.values()), words
+    rows = explain(plan, strategies=False).splitlines()
+    linear = next(r for r in rows if r.startswith(g.ops[-1].name + " "))
+    assert linear.endswith(where(plan, g.ops[-1].name)) and where(plan, g.ops[-1].name)

@@ -3,9 +3,13 @@ in, and the same node under each named strategy. Every figure is priced on the p
 options (`model.plan_model`), so a report never prices a plan on another model."""
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..planning.candidates import input_roles, roles
+from ..planning.placement import INPUT_PREFIX
 from ..planning.plan import Plan, Solved
 from .api import named_plan
 from .model import Model, plan_model
@@ -43,6 +47,46 @@ def plan_costs(plan: Plan) -> dict[str, NodeCost]:
     """Per node of `plan`, its costs on the plan's own options."""
     model = plan_model(plan)
     return node_costs(model, {k: 0 for k in model.nodes})
+
+
+_SPLIT = re.compile(r"\b([A-Za-z_]\w*)/(\d+)")
+
+
+def splits_in_words(plan: Plan) -> dict[str, str]:
+    """Per node, its split per level with each mode named by its role in the model (batch,
+    seq, hidden, feature, inner: `planning.candidates.roles`) instead of its letter:
+    "gpu: batch/4 seq/2". Where two split modes of one op share a role the letter stays
+    beside it ("seq.q/2 seq.k/2")."""
+    r = roles(plan.graph)
+    out = {}
+    for k, cand in plan.choice:
+        if k.startswith(INPUT_PREFIX):
+            names = input_roles(plan.graph.tensor(k[len(INPUT_PREFIX):]), r)
+        else:
+            names = dict(r.modes.get(k, {}))
+        label = str(cand)
+        split = [m for m, _ in _SPLIT.findall(label) if m in names]
+        shared = {names[m] for m in split if sum(names[x] == names[m] for x in split) > 1}
+
+        def word(match: re.Match) -> str:
+            m, parts = match.group(1), match.group(2)
+            if m not in names:
+                return match.group(0)
+            role = names[m]
+            return f"{role}.{m}/{parts}" if role in shared else f"{role}/{parts}"
+        out[k] = _SPLIT.sub(word, label)
+    return out
+
+
+def where(plan: Plan, key: str) -> str:
+    """The user's line an op came from ("model.py:120"), or "" for inputs and built ops."""
+    if key.startswith(INPUT_PREFIX):
+        return ""
+    op = next((o for o in plan.graph.ops if o.name == key), None)
+    if op is None or not op.source:
+        return ""
+    path, _, line = op.source.rpartition(":")
+    return f"{os.path.basename(path)}:{line}" if path else op.source
 
 
 def _judged_lines(plan: Plan) -> list[str]:
@@ -107,12 +151,13 @@ def explain(plan: Plan, strategies: bool = True) -> str:
     head = f"{'op':<28} {'split per level':<34} {'compute ms':>10} {'exch ms':>9} {'MB in':>9}"
     if others:
         head += "  " + " ".join(f"{n[:12]:>12}" for n in others)
-    lines.append(head)
+    lines.append(head + "  where")
+    words = splits_in_words(plan)
     for k, cost in per_node.items():
-        label = str(plan.chosen[k])
+        label = words[k]
         row = f"{k[:28]:<28} {label[:34]:<34} {cost.compute_s * MS:>10.4f} " \
               f"{cost.exchange_s * MS:>9.4f} {cost.nbytes * MB:>9.2f}"
         if others:
             row += "  " + " ".join(f"{others[n].get(k, 0.0) * MS:>12.4f}" for n in others)
-        lines.append(row)
+        lines.append(row + f"  {where(plan, k)}".rstrip())
     return "\n".join(lines)
