@@ -56,3 +56,11 @@ def test_a_lossy_dtype_is_refused_before_any_rank_starts(case, backend, monkeypa
     with pytest.raises(DTypeError, match="weight 'w' is float64 but the graph takes float32"):
         es.run(plan, {"x": torch.randn(8, 16), "w": torch.randn(16, 12, dtype=torch.float64)},
                backend=backend)
+
+
+def test_an_einsum_of_mixed_dtypes_is_refused_when_built():
+    b = Builder()
+    x = b.input("x", (4, 8), "float16")
+    w = b.weight("w", (8, 3), "float32")
+    with pytest.raises(DTypeError, match=r"x float16, w float32"):
+        b.einsum("ij,jk->ik", x, w)

@@ -15,7 +15,7 @@ import math
 import sys
 from typing import Sequence
 
-from ..errors import EinsumParseError, ShapeError
+from ..errors import DTypeError, EinsumParseError, ShapeError
 from .einsum import dims_shape, parse_einsum
 from .ir import Constant, Graph, Op, TensorInfo, check_dtype, make_op, validate_op
 from .scalar import Expr, arg, call, const
@@ -190,6 +190,13 @@ class Builder:
         if len(ins) != len(xs):
             raise ShapeError(f"[{spec}] names {len(ins)} operands but {len(xs)} were given",
                              op=name or "einsum", source=src)
+        dtypes = [x.info.dtype for x in xs]
+        if len(set(dtypes)) > 1:  # a contraction's kernel takes one dtype (torch refuses mixes)
+            raise DTypeError(f"[{spec}] contracts operands of different dtypes: "
+                             + ", ".join(f"{x.name} {d}" for x, d in zip(xs, dtypes)),
+                             op=name or "einsum", source=src,
+                             fix="declare them in one dtype (the dtype= of Builder.input, "
+                                 "weight or constant, or Builder(dtype))")
         join = arg(0)
         for i in range(1, len(xs)):
             join = join * arg(i)
