@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..errors import ShapeError
 from .ir import Op
-from .windows import Window, out_extent
+from .windows import Window, check_window, out_extent
 
 IN_MODES, OUT_MODES, TAP_MODES = "dhw", "zyx", "jkl"
 
@@ -47,6 +47,7 @@ def _windows(name: str, spatial: Sequence[int], kernel: Sequence[int], stride, p
                              source=source, fix="pad more or use a smaller kernel or dilation")
         wins.append(Window(m, y, kernel[i], s[i], d[i], p[i]))
         size[m], size[y] = spatial[i], extent
+        check_window(wins[-1], size, name, source)
     return tuple(wins), size
 
 
