@@ -33,19 +33,33 @@ def _ints(v: int | Sequence[int], nd: int, what: str, name: str) -> tuple[int, .
 
 
 def _windows(name: str, spatial: Sequence[int], kernel: Sequence[int], stride, padding,
-             dilation, source: str | None) -> tuple[tuple[Window, ...], dict[str, int]]:
+             dilation, source: str | None, pad_hi: Sequence[int] | None = None
+             ) -> tuple[tuple[Window, ...], dict[str, int]]:
+    """The windows of the spatial dims and the sizes of their modes. `padding` is torch's:
+    per dim (symmetric), "valid" (none) or "same" (the output as long as the input at stride
+    1: d (K - 1) in all, the odd one after); `pad_hi` overrides the padding after."""
     nd = len(spatial)
-    s, p, d = (_ints(v, nd, w, name) for v, w in
-               ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
+    s, d = (_ints(v, nd, w, name) for v, w in ((stride, "stride"), (dilation, "dilation")))
+    if padding == "same":
+        if any(v != 1 for v in s):
+            raise ShapeError("padding='same' with a stride", op=name, source=source,
+                             fix="torch allows 'same' at stride 1 only")
+        lo = [di * (k - 1) // 2 for di, k in zip(d, kernel)]
+        hi = [di * (k - 1) - a for di, k, a in zip(d, kernel, lo)]
+    else:
+        lo = [0] * nd if padding == "valid" else list(_ints(padding, nd, "padding", name))
+        hi = list(lo)
+    if pad_hi is not None:
+        hi = list(pad_hi)
     wins, size = [], {}
     for i in range(nd):
         m, y = IN_MODES[3 - nd + i], OUT_MODES[3 - nd + i]
-        extent = out_extent(spatial[i], kernel[i], s[i], d[i], p[i], p[i])
+        extent = out_extent(spatial[i], kernel[i], s[i], d[i], lo[i], hi[i])
         if extent < 1:
             raise ShapeError(f"input extent {spatial[i]} is smaller than the kernel's reach "
-                             f"{(kernel[i] - 1) * d[i] + 1} with padding {p[i]}", op=name,
+                             f"{(kernel[i] - 1) * d[i] + 1} with padding {lo[i]}", op=name,
                              source=source, fix="pad more or use a smaller kernel or dilation")
-        wins.append(Window(m, y, kernel[i], s[i], d[i], p[i]))
+        wins.append(Window(m, y, kernel[i], s[i], d[i], lo[i]))
         size[m], size[y] = spatial[i], extent
         check_window(wins[-1], size, name, source)
     return tuple(wins), size
@@ -53,8 +67,9 @@ def _windows(name: str, spatial: Sequence[int], kernel: Sequence[int], stride, p
 
 def conv_op(name: str, x: str, w: str, bias: str | None, out: str, x_shape: Sequence[int],
             w_shape: Sequence[int], *, stride=1, padding=0, dilation=1, groups: int = 1,
-            source: str | None = None) -> Op:
-    """out = conv(x, w) + bias, torch's convolution (symmetric padding), as a windowed op."""
+            pad_hi: Sequence[int] | None = None, source: str | None = None) -> Op:
+    """out = conv(x, w) + bias, torch's convolution, as a windowed op; `padding` as torch's
+    (`_windows`), `pad_hi` the padding after where it differs."""
     nd = len(x_shape) - 2
     if nd not in (1, 2, 3) or len(w_shape) != len(x_shape):
         raise ShapeError(f"convolution of input {tuple(x_shape)} with weight {tuple(w_shape)}",
@@ -68,7 +83,8 @@ def conv_op(name: str, x: str, w: str, bias: str | None, out: str, x_shape: Sequ
                          op=name, source=source,
                          fix="the weight's dim 1 times groups is the input's channels, and "
                              "groups divides the weight's dim 0")
-    wins, size = _windows(name, x_shape[2:], w_shape[2:], stride, padding, dilation, source)
+    wins, size = _windows(name, x_shape[2:], w_shape[2:], stride, padding, dilation, source,
+                          pad_hi)
     taps = TAP_MODES[3 - nd:]
     for t, k in zip(taps, w_shape[2:]):
         size[t] = k
