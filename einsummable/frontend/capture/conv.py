@@ -210,6 +210,12 @@ def _batch_norm(cx, node, a, kw):
     return _batch_norm_eval(cx, x, w, b, mean, var, _arg(a, kw, 7, "eps", 1e-5))
 
 
+@register(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default)
+def _batch_norm_training(cx, node, a, kw):
+    raise cx.fail("batch norm in training mode (statistics of the batch, running stats updated)",
+                  fix="capture the module in eval mode: module.eval()")
+
+
 @register(aten._native_batch_norm_legit_no_training.default)
 def _native_batch_norm(cx, node, a, kw):
     y = _batch_norm_eval(cx, a[0], a[1], a[2], a[3], a[4], _arg(a, kw, 6, "eps", 1e-5))
