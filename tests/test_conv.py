@@ -248,3 +248,23 @@ def test_bad_windows_are_named_errors():
         conv_op("c", "x", "w", None, "y", (1, 2, 2, 2), (2, 2, 3, 3))
     with pytest.raises(ShapeError, match="dilation"):
         pool_op("p", "avg", "x", "y", (1, 2, 6, 6), 2, dilation=2)
+
+
+def test_optimizer_picks_a_spatial_split_with_halo_at_batch_one():
+    # A high-resolution stack at batch 1 on a100x8 (data parallel impossible): the MIP's plan
+    # splits the positions and exchanges halos, its objective below the forced channel
+    # splits' (whose every layer gathers or reduce-scatters a whole activation), and the
+    # simulator agrees with the objective on each plan.
+    from einsummable.topology import load_topology
+    from experiments.conv_spatial import OPTIMUM, compare, conv_stack
+    g = conv_stack(16, 512, 512, 2)
+    res = {r.name: r for r in compare(g, load_topology("a100x8"))}
+    best = res[OPTIMUM]
+    conv = [op.name for op in g.ops if op.fused == "conv"]
+    assert all(best.splits[c].split(": ")[1] in ("y/8", "x/8") for c in conv), best.splits
+    assert best.objective_s <= res["spatial"].objective_s * (1 + 1e-9)
+    for other in ("out-channels", "in-channels", "one-device"):
+        assert best.objective_s < res[other].objective_s
+        assert best.simulated_s < res[other].simulated_s
+    for r in res.values():
+        assert abs(r.simulated_s - r.objective_s) <= 0.1 * r.objective_s, r.name
