@@ -268,3 +268,16 @@ def test_optimizer_picks_a_spatial_split_with_halo_at_batch_one():
         assert best.simulated_s < res[other].simulated_s
     for r in res.values():
         assert abs(r.simulated_s - r.objective_s) <= 0.1 * r.objective_s, r.name
+
+
+def test_blocks_pad_only_at_the_true_borders():
+    # Rows of 10 outputs of a 3-tap window (padding 1) cut in three: the first block pads one
+    # row before, the last one row after, the middle none; each then reads exactly its window.
+    from einsummable.frontend.windows import Window
+    win = Window("h", "y", kernel=3, stride=1, dilation=1, padding=1)
+    blocks = [(0, 4), (4, 7), (7, 10)]
+    got = [win.pads(out, win.read(out, 10)) for out in blocks]
+    assert [(before, after) for _, _, before, after in got] == [(1, 0), (0, 0), (0, 1)]
+    assert [take for _, take, _, _ in got] == [5, 5, 4]
+    # A block holding more rows than its window (the whole input) skips the rest.
+    assert win.pads((4, 7), (0, 10)) == (3, 5, 0, 0)

@@ -18,6 +18,7 @@ from einsummable.errors import UnsupportedOpError
 from einsummable.frontend.capture import bind, trace
 from einsummable.frontend.reference import evaluate
 from einsummable.optimizer.api import optimize
+from einsummable.planning.plan import Plan
 from einsummable.selection.choose import choose_plan
 from einsummable.topology import load_topology
 
@@ -100,7 +101,8 @@ def test_net_plans_run_locally_and_on_gloo(name, pools):
     chosen = choose_plan(g, topo)  # the fastest simulated plan (one device at these sizes)
     assert rel_err(run_local(lower(chosen), ins)[g.outputs[0]], want) <= TOL
     spread = optimize(g, topo, cache=False)  # the MIP's optimum: every op over every rank
-    low = lower(spread)
+    assert Plan.from_json(spread.to_json()).chosen == spread.chosen  # windows survive JSON
+    low = lower(Plan.from_json(spread.to_json()))
     assert rel_err(run_local(low, ins)[g.outputs[0]], want) <= TOL
     got = run_dist(low, ins, backend="gloo", pools=pools, no_collectives=True)
     assert rel_err(got[g.outputs[0]], want) <= TOL
