@@ -14,6 +14,7 @@ from einsummable.topology import SHIPPED_DIR, Topology, load_topology, read_topo
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 
+from . import conv_spatial as conv_spatial_bench
 from . import einsummable_system as es_sys
 from . import harness, plan_summary, simulated
 from .harness import Progress, Row
@@ -434,6 +435,11 @@ def matrix_chains(cfg: dict, stream=None) -> RunResult:
                             reference="pytorch"))
 
 
+def conv_spatial(cfg: dict, stream=None) -> RunResult:
+    """Convolution stacks at batch 1: the optimum beside forced spatial and channel splits."""
+    return RunResult(*conv_spatial_bench.run(cfg, stream))
+
+
 def _table(cfg: dict, rows: list[Row], title: str, reference: str | None = None) -> str:
     reference = reference or cfg.get("reference", harness.REFERENCE_SYSTEM)
     text = harness.format_table(rows, reference, title)
@@ -461,4 +467,5 @@ def exchange_patterns(cfg: dict, stream=None) -> RunResult:
 RUNNERS: dict[str, Callable[[dict, object], RunResult]] = {
     "blocks": blocks, "random_plans": random_plans, "exchange": exchange,
     "matrix_chains": matrix_chains, "exchange_patterns": exchange_patterns,
+    "conv_spatial": conv_spatial,
 }

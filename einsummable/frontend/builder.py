@@ -19,6 +19,7 @@ from ..errors import DTypeError, EinsumParseError, ShapeError
 from .einsum import dims_shape, parse_einsum
 from .ir import Constant, Graph, Op, TensorInfo, check_dtype, make_op, validate_op
 from .scalar import Expr, arg, call, const
+from .windowed import conv_op, pool_op
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 Operand = "TensorHandle | float"
@@ -359,6 +360,29 @@ class Builder:
             probs = self.softmax(scores, -1)
         out = self.einsum("bgrqk,bgkf->bgrqf", probs, v)
         return out.reshape(b, h, s, v.shape[-1])
+
+    def conv(self, x: TensorHandle, w: TensorHandle, bias: TensorHandle | None = None, *,
+             stride=1, padding=0, dilation=1, groups: int = 1) -> TensorHandle:
+        """torch's convolution over 1 to 3 spatial dims, as a windowed op (`windowed.py`)."""
+        name = self._fresh("conv")
+        return self._add(conv_op(name, x.name, w.name, bias.name if bias else None, name,
+                                 x.shape, w.shape, stride=stride, padding=padding,
+                                 dilation=dilation, groups=groups, source=_caller()), x)
+
+    def pool(self, x: TensorHandle, kind: str, kernel, *, stride=None, padding=0,
+             dilation=1, count_include_pad: bool = True) -> TensorHandle:
+        """Max ("max") or average ("avg") pooling, as a windowed op (`windowed.py`)."""
+        name = self._fresh(f"{kind}_pool")
+        return self._add(pool_op(name, kind, x.name, name, x.shape, kernel, stride=stride,
+                                 padding=padding, dilation=dilation,
+                                 count_include_pad=count_include_pad, source=_caller()), x)
+
+    def _add(self, op: Op, like: TensorHandle) -> TensorHandle:
+        validate_op(op, {n: self._tensors[n].shape for n in op.inputs})
+        self._tensors[op.output] = TensorInfo(op.output, dims_shape(op.out_dims, op.size),
+                                              like.info.dtype, "intermediate", op.source)
+        self._ops.append(op)
+        return TensorHandle(self, op.output)
 
     # ----------------------------------------------------------------- finish
 

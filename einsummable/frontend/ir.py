@@ -12,6 +12,10 @@ a single element, which changes nothing), so broadcasting needs no special case.
 
 Fused ops (``fused`` set) name a kernel from `kernels.py` instead of a join; ``splittable``
 lists the modes their kernel lets a decomposition split.
+
+A windowed op (convolution, pooling: `conv_kernels.py`) reads an input dimension through a
+`Window` (`windows.py`): that dimension's mode is never split, and a tuple reads the window of
+its output block's range of the window's output mode instead.
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ from ..errors import (
     UnknownFunctionError,
 )
 from .einsum import Dims, dims_shape, dims_to_str, flat_modes, parse_einsum
+from .conv_kernels import WINDOWED_KERNELS
 from .kernels import KERNELS
 from .scalar import Expr, check_aggregation
+from .windows import Window, check_window
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 TENSOR_KINDS = ("input", "weight", "constant", "intermediate")
@@ -97,6 +103,7 @@ class Op:
     params: tuple[tuple[str, Any], ...] = ()
     splittable: frozenset[str] | None = None
     source: str | None = None
+    windows: tuple[Window, ...] = ()
 
     @cached_property
     def size(self) -> dict[str, int]:
@@ -125,7 +132,23 @@ class Op:
     def param(self) -> dict[str, Any]:
         return dict(self.params)
 
+    @cached_property
+    def window(self) -> dict[str, Window]:
+        """Windowed input mode -> its window."""
+        return {w.mode: w for w in self.windows}
+
+    def share(self, ranges: Sequence[tuple[int, int]]) -> float:
+        """The share of the join space a tuple with these ranges (canonical mode order) covers:
+        a windowed mode's range follows its output mode's, so it is not counted again."""
+        share = 1.0
+        for m, (lo, hi) in zip(self.modes, ranges):
+            if m not in self.window:
+                share *= (hi - lo) / self.size[m]
+        return share
+
     def can_split(self, mode: str) -> bool:
+        if mode in self.window:
+            return False
         if self.splittable is not None and mode not in self.splittable:
             return False
         return self.size[mode] > 1
@@ -178,10 +201,15 @@ def validate_op(op: Op, shapes: dict[str, tuple[int, ...]]) -> None:
                              f"with the op's mode sizes needs {want}", **ctx,
                              fix="mode sizes must agree across operands; check the einsum string "
                                  "and the operand order")
-    in_modes = {m for d in op.in_dims for m in flat_modes(d)}
+    in_modes = {m for d in op.in_dims for m in flat_modes(d)} | {w.out for w in op.windows}
     for m in op.out_modes:
         if m not in in_modes and op.size[m] != 1:
             raise ShapeError(f"output mode {m!r} of size {op.size[m]} appears in no input", **ctx)
+    for win in op.windows:
+        check_window(win, op.size, op.name, op.source)
+    if op.windows and op.fused not in WINDOWED_KERNELS:
+        raise EinsummableError(f"kernel {op.fused!r} does not read windows", **ctx,
+                               fix=f"windowed ops run one of: {', '.join(WINDOWED_KERNELS)}")
     if op.fused is not None:
         if op.fused not in KERNELS:
             raise UnknownFunctionError(f"unknown fused kernel {op.fused!r}", **ctx,
@@ -336,6 +364,8 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
         "fused": op.fused, "params": [[k, v] for k, v in op.params],
         "splittable": sorted(op.splittable) if op.splittable is not None else None,
         "source": op.source,
+        # Only windowed ops carry the key: every other graph's JSON (and cache key) is as before.
+        **({"windows": [w.to_json() for w in op.windows]} if op.windows else {}),
     }
 
 
@@ -345,7 +375,8 @@ def _op_from_dict(d: dict[str, Any]) -> Op:
               tuple((m, int(s)) for m, s in d["sizes"]),
               Expr.from_json(d["join"]) if d["join"] is not None else None, d["agg"],
               d["fused"], tuple((k, v) for k, v in d["params"]),
-              frozenset(d["splittable"]) if d["splittable"] is not None else None, d["source"])
+              frozenset(d["splittable"]) if d["splittable"] is not None else None, d["source"],
+              tuple(Window.from_json(w) for w in d.get("windows", ())))
 
 
 def make_op(name: str, einsum: str, inputs: Sequence[str], output: str,

@@ -143,8 +143,14 @@ def named_assignment(model: Model, strategy: str) -> tuple[dict[str, int], tuple
         choice[op.name] = i
         if not exact:
             inexact.append(op.name)
-    # Graph inputs: the layout cheapest given the ops (ties break on the lowest index, so
-    # tied weights of repeated blocks choose alike).
+    return cheapest_inputs(model, choice), tuple(inexact)
+
+
+def cheapest_inputs(model: Model, choice: Mapping[str, int]) -> dict[str, int]:
+    """`choice` (a candidate index per op) completed with the layout of every graph input
+    cheapest given the ops (ties break on the lowest index, so tied weights of repeated
+    blocks choose alike)."""
+    choice = dict(choice)
     touching: dict[str, list[EdgeTerm]] = {}
     for e in model.edges:
         for end in (e.src, e.dst):
@@ -162,7 +168,7 @@ def named_assignment(model: Model, strategy: str) -> tuple[dict[str, int], tuple
                 tot += x.seconds
             return tot
         choice[k] = _cheapest(len(oc.cands), cost)
-    return {k: choice[k] for k in model.nodes}, tuple(inexact)
+    return {k: choice[k] for k in model.nodes}
 
 
 def _cheapest(n: int, cost) -> int:

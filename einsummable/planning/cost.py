@@ -8,7 +8,8 @@ the same function):
     kernel_s(t) = launch + max(flop_s(t), memory_s(t))                (roofline + launch)
     compute(c)  = max_d  sum_{t on d} kernel_s(t)                      (slowest device)
 
-F_t is the op's FLOP count scaled by the tuple's share of the join space. Views (reshape,
+F_t is the op's FLOP count scaled by the tuple's share of the join space (`Op.share`: a
+windowed mode follows its output mode and is not counted twice). Views (reshape,
 permute, squeeze) cost nothing: they relabel a block. The rates are what the device achieves
 (`topology/achieved.py`: by op class and call size; the datasheet unless the topology says
 otherwise); `CostModel.flop_efficiency` and `mem_efficiency` derate every device on top (Meta's
@@ -123,10 +124,9 @@ def compute_cost(op: Op, cand: Candidate, graph: Graph, topology,
         return ComputeCost(0.0, 0.0, 0.0, 0.0, 0)
     in_dtypes = [graph.tensor(n).dtype for n in op.inputs]
     out_dtype = graph.tensor(op.output).dtype
-    total_points = math.prod(op.size.values())
     per_dev: dict[int, list[float]] = {}
     for t, devs in zip(tuples(op, cand.dec), cand.devices):
-        share = math.prod(hi - lo for lo, hi in t.ranges) / total_points
+        share = op.share(t.ranges)
         flops = op.flops * share
         nbytes = sum(_region_bytes(r, d) for r, d in zip(t.in_regions, in_dtypes))
         nbytes += _region_bytes(t.out_region, out_dtype)

@@ -137,10 +137,13 @@ def rereads(graph) -> dict[str, str]:
 
 
 def _reads_whole(op: Op, name: str, shape: tuple[int, ...]) -> bool:
-    """Whether op's tuples read every element of input `name` (those of one whole tuple do)."""
+    """Whether op's tuples read every element of input `name` (those of one whole tuple do)
+    in blocks that are disjoint or equal: a read through a window overlaps its neighbours'
+    (the halo), which is no layout."""
     whole = tuple((0, n) for n in shape)
     (t,) = tuples(op, Decomposition(tuple((m, 1) for m in op.modes)))
-    return any(r == whole for r, n in zip(t.in_regions, op.inputs) if n == name)
+    return any(r == whole and not any(m in op.window for g in d for m in g)
+               for r, n, d in zip(t.in_regions, op.inputs, op.in_dims) if n == name)
 
 
 def needs_layout(needs: Sequence[tuple[Region, int]]) -> tuple[Piece, ...]:

@@ -4,6 +4,11 @@ Splitting mode m into p_m parts cuts the join space into prod(p_m) tuples. A tup
 region of each input and writes one block of the output; when an aggregated mode is split, the
 tuples that share an output block each write a partial result, and `agg_slice` says which.
 
+A windowed mode (`frontend/windows.py`: convolution and pooling read an input dimension through
+a window) is never split; each tuple reads the window of its output block instead,
+[y0 s - p, (y1 - 1) s + (K - 1) d - p + 1) clipped to the input, so neighbouring blocks' input
+regions overlap by the halo and the exchange fetches it like any other need.
+
 Uneven sizes split into blocks that differ by at most one (the first `size % parts` blocks are
 one larger). A grouped dimension such as d = (h e) stays contiguous only if every mode after the
 first one with blocks longer than one element is whole; the enumerator keeps exactly those.
@@ -141,8 +146,10 @@ def _tuples(op: Op, dec: Decomposition) -> tuple[TupleGeometry, ...]:
     agg_parts = [part.get(m, 1) for m in modes[n_out:]]
     out: list[TupleGeometry] = []
     for index in itertools.product(*(range(len(b)) for b in bounds)):
-        ranges = tuple(b[i] for b, i in zip(bounds, index))
-        rng = dict(zip(modes, ranges))
+        rng = dict(zip(modes, (b[i] for b, i in zip(bounds, index))))
+        for win in op.windows:  # the window of the output block, not the whole input
+            rng[win.mode] = win.read(rng[win.out], op.size[win.mode])
+        ranges = tuple(rng[m] for m in modes)
         slice_id = 0
         for i, p in zip(index[n_out:], agg_parts):
             slice_id = slice_id * p + i

@@ -247,7 +247,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             op = ops[ins.op]
             if op.is_view:  # a reshape or permute relabels the block: no kernel (as priced)
                 return None
-            share = math.prod(hi - lo for lo, hi in ins.ranges) / math.prod(op.size.values())
+            share = op.share(ins.ranges)
             traffic = sum(nbytes(r, b) for b in ins.inputs) + nbytes(r, ins.out)
             return kernel_time(op, op.flops * share, traffic, g.tensor(op.output).dtype, dev,
                                cost_model.flop_efficiency, mem_eff)

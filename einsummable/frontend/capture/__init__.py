@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 from ...errors import EinsummableError, UnsupportedOpError
 from ..fuse import fuse as fuse_graph
 from ..ir import Graph
-from . import contractions, fold, shapes  # noqa: F401  (they register their handlers)
+from . import contractions, conv, fold, shapes  # noqa: F401  (they register their handlers)
 from .aten import IGNORED, TABLE, Ctx, supported_ops
 from .emit import Emitter
 from .values import TENSORISH, Folded, Lazy, SliceVal
