@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from einsummable.backend.lowering import lower
-from einsummable.backend.runtime.dist import Pools, run_dist
+from einsummable.backend.runtime.pool import Pools, run_dist
 from einsummable.backend.runtime.local import run_local
 from einsummable.errors import UnsupportedOpError
 from einsummable.frontend.capture import bind, trace
