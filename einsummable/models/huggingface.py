@@ -27,11 +27,13 @@ import torch
 from torch import nn
 
 from einsummable.errors import EinsummableError
+from einsummable.models.compat import torchvision_importable
 
 PARTS = ("layer", "model")
 
 
 def _transformers():
+    torchvision_importable()  # transformers imports it where it is installed
     try:
         import transformers
     except ImportError:
