@@ -15,6 +15,7 @@ from einsummable.topology import SHIPPED_DIR, Topology, load_topology, read_topo
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 
 from . import conv_spatial as conv_spatial_bench
+from . import model_families as model_families_bench
 from . import einsummable_system as es_sys
 from . import harness, plan_summary, simulated
 from .harness import Progress, Row
@@ -435,6 +436,11 @@ def matrix_chains(cfg: dict, stream=None) -> RunResult:
                             reference="pytorch"))
 
 
+def model_families(cfg: dict, stream=None) -> RunResult:
+    """Model families captured from their libraries and planned (`model_families.py`)."""
+    return RunResult(*model_families_bench.run(cfg, stream))
+
+
 def conv_spatial(cfg: dict, stream=None) -> RunResult:
     """Convolution stacks at batch 1: the optimum beside forced spatial and channel splits."""
     return RunResult(*conv_spatial_bench.run(cfg, stream))
@@ -468,4 +474,5 @@ RUNNERS: dict[str, Callable[[dict, object], RunResult]] = {
     "blocks": blocks, "random_plans": random_plans, "exchange": exchange,
     "matrix_chains": matrix_chains, "exchange_patterns": exchange_patterns,
     "conv_spatial": conv_spatial,
+    "model_families": model_families,
 }
