@@ -102,6 +102,7 @@ _UNARY = {
     aten.tanh.default: lambda x: call("tanh", x), aten.sigmoid.default: lambda x: call("sigmoid", x),
     aten.relu.default: lambda x: call("relu", x), aten.silu.default: lambda x: call("silu", x),
     aten.reciprocal.default: lambda x: 1.0 / x, aten.square.default: lambda x: x * x,
+    aten.cos.default: lambda x: call("cos", x), aten.sin.default: lambda x: call("sin", x),
 }
 for _t, _f in _UNARY.items():
     register(_t)(lambda cx, node, a, kw, _f=_f: elementwise(cx, _f, a[0]))
@@ -156,7 +157,9 @@ def _cast(cx, node, a, kw):
     return elementwise(cx, lambda e: e, x)
 
 
-register(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default,
+# A device move is a cast that changes nothing here: the graph has no devices.
+register(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device,
+         aten.to.other, aten.type_as.default,
          aten.clone.default, aten.contiguous.default, aten.alias.default, aten.detach.default,
          aten.lift_fresh_copy.default)(
     lambda cx, node, a, kw: _cast(cx, node, a[:1], kw))

@@ -94,9 +94,10 @@ def _einsum(cx, node, a, kw):
                           [axis[c] for c in rhs], cx.dtype)
 
 
-@register(aten.embedding.default)
-def _embedding(cx, node, a, kw):
-    w, idx = cx.em.stored(a[0]), cx.em.stored(a[1])
+def _lookup(cx, table, index, dtype: str) -> View:
+    """out[i..., d...] = table[index[i...], d...]: the "embedding" kernel (its table's first
+    stored dim is the one looked up)."""
+    w, idx = cx.em.stored(table), cx.em.stored(index)
     r = len(idx.shape)
     axes = list(idx.shape) + list(w.shape)
     # w binds (v, d...), idx binds its own dims; output idx dims then d dims
@@ -104,8 +105,71 @@ def _embedding(cx, node, a, kw):
     ib = tuple(range(r))
     out = [[i] for i in range(r)] + [[r + 1 + j] for j in range(len(w.shape) - 1)]
     split = list(range(r)) + list(range(r + 1, r + len(w.shape)))
-    return cx.em.op([(w, wb), (idx, ib)], axes, out, join=None, agg=None, dtype=cx.dtype,
+    return cx.em.op([(w, wb), (idx, ib)], axes, out, join=None, agg=None, dtype=dtype,
                     fused="embedding", splittable=split)
+
+
+@register(aten.embedding.default)
+def _embedding(cx, node, a, kw):
+    return _lookup(cx, a[0], a[1], cx.dtype)
+
+
+def _take(cx, src, dim: int, index) -> View:
+    """src with dim `dim` replaced by index's dims: the lookup over src with `dim` moved first,
+    its output's dims moved back into place."""
+    v = cx.em.view(src)
+    rank = len(v.shape)
+    out = _lookup(cx, V.permute(v, [dim] + [d for d in range(rank) if d != dim]), index,
+                  cx.dtype)
+    r = len(index.shape)
+    rest = list(range(r, r + rank - 1))
+    return V.permute(out, rest[:dim] + list(range(r)) + rest[dim:])
+
+
+@register(aten.index_select.default)
+def _index_select(cx, node, a, kw):
+    return _take(cx, a[0], a[1] % len(a[0].shape), a[2])
+
+
+@register(aten.index.Tensor)
+def _index(cx, node, a, kw):
+    src, indices = a[0], list(a[1])
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise cx.fail("indexing with several index tensors at once",
+                      fix="index one dim at a time (x[idx] then [:, idx2]) or use index_select")
+    idx = indices[given[0]]
+    if node.args[1][given[0]].meta["val"].dtype == torch.bool:
+        raise cx.fail("a boolean mask index selects a data-dependent number of elements",
+                      fix="multiply by the mask (x * mask) or use torch.where instead")
+    return _take(cx, src, given[0], idx)
+
+
+@register(aten.gather.default)
+def _gather(cx, node, a, kw):
+    """out[p] = src[p with p_dim replaced by index[p]]. Where src does not vary off `dim`
+    (BERT's token-type buffer, expanded over the batch) this is a lookup in a 1-D table; else
+    the lookup is in src flattened, at index + (the flat offset of p's other coordinates)."""
+    src, idx = cx.em.view(a[0]), a[2]
+    dim = a[1] % len(src.shape)
+    base = {x for g in src.base_dims for x in g}
+    others = [d for d in range(len(src.shape)) if d != dim]
+    if all(not set(src.dims[d]) & base for d in others):
+        table = src.with_([src.dims[dim]])
+        return _lookup(cx, table, idx, cx.dtype)
+    if any(idx.shape[d] != src.shape[d] for d in others):
+        raise cx.fail("gather with an index smaller than the source off the gathered dim",
+                      fix="slice the source to the index's shape first")
+    n = src.shape[dim]
+    flat = cx.em.reshape(cx.em.stored(V.permute(src, others + [dim])), [math.prod(src.shape)])
+    lead = [src.shape[d] for d in others]
+    offset = (torch.arange(math.prod(lead), dtype=torch.int64) * n).reshape(lead + [1])
+    ix = V.permute(cx.em.view(idx), others + [dim])
+    at = cx.em.elementwise(lambda i, o: i + o, [ix, Folded("real", tuple(offset.shape),
+                                                             torch.int64, offset)], "int64")
+    out = _lookup(cx, flat, at, cx.dtype)
+    back = list(range(len(others)))
+    return V.permute(out, back[:dim] + [len(others)] + back[dim:])
 
 
 @register(aten.scaled_dot_product_attention.default)

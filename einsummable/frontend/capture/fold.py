@@ -44,7 +44,8 @@ NEW = {
 VIEWS = {_aten.unsqueeze.default, _aten.expand.default, _aten.view.default,
          _aten.reshape.default, _aten._unsafe_view.default, _aten.clone.default,
          _aten.alias.default, _aten.contiguous.default, _aten._to_copy.default,
-         _aten.to.dtype, _aten.detach.default, _aten.lift_fresh_copy.default}
+         _aten.to.dtype, _aten.to.device, _aten.to.dtype_layout, _aten.detach.default,
+         _aten.lift_fresh_copy.default}
 TRIANGLES = {"causal", "keep", "drop"}
 
 IR_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
