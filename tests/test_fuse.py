@@ -169,3 +169,42 @@ def test_sdpa_reads_the_captured_blocks_in_place(batch, monkeypatch):
         got = evaluate(g, bind(g, module, (x,)))[g.outputs[0]]
         torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
     assert seen and all(set(ptrs) <= given for ptrs in seen)
+
+
+class _WeightFirstRMSNorm(nn.Module):
+    """transformers' LLaMA / Qwen2 / Mistral spelling: the weight multiplies from the left."""
+
+    def __init__(self, n: int, gemma: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n))
+        self.gemma = gemma
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if self.gemma:  # Gemma scales by (1 + w)
+            return (h * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+def test_rms_norm_fuses_however_the_library_spells_it(gemma):
+    from helpers import capture_check
+    m = _WeightFirstRMSNorm(16, gemma)
+    x = torch.randn(2, 5, 16)
+    g = capture_check(m, x)
+    assert [op.fused for op in g.ops] == ["rms_norm"], g.summary()
+    assert dict(g.ops[0].params).get("offset", 0.0) == (1.0 if gemma else 0.0)
+    _same(trace(m, (x,), fuse=False), g, bind(g, m, (x,)))
+
+
+def test_layer_norm_is_one_kernel_that_splits_rows():
+    from helpers import capture_check
+    ln = nn.LayerNorm(16)
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    g = capture_check(ln, torch.randn(2, 5, 16))
+    (op,) = g.ops
+    assert op.fused == "layer_norm" and len(op.inputs) == 3
+    assert op.splittable == frozenset(op.out_modes[:-1])

@@ -309,23 +309,61 @@ def _match_attention(graph: Graph, div: Op) -> tuple[Op, tuple[Op, ...]] | None:
 
 # --------------------------------------------------------------------------- RMSNorm
 
+def _factors(e: Expr) -> list[Expr]:
+    """The factors of a product tree (a non-product is its own one factor)."""
+    if e.fn == "mul":
+        return _factors(e.args[0]) + _factors(e.args[1])
+    return [e]
+
+
+def _const_plus_arg(e: Expr) -> tuple[float, int] | None:
+    """(c, i) when e is arg(i), c + arg(i) or arg(i) + c."""
+    if e.is_arg():
+        return 0.0, int(e.value)
+    if e.fn == "add":
+        a, b = e.args
+        for c, x in ((a, b), (b, a)):
+            if c.fn == "const" and x.is_arg():
+                return float(c.value), int(x.value)
+    return None
+
+
+def _norm_factors(j: Expr) -> list[tuple[int, int, int, float, float]]:
+    """The readings (x, ms, w, eps, offset) of a join that is the product, in any order, of
+    x, rsqrt(ms + eps) and (offset + w), as argument indices and constants: LLaMA, Qwen2 and
+    Mistral spell w * (x * rsqrt(ms + eps)), Gemma x * rsqrt(ms + eps) * (1 + w). Two bare
+    factors give two readings; the mean's input tells x from w."""
+    fs = _factors(j)
+    rs = [f for f in fs if f.fn == "rsqrt"]
+    if len(fs) != 3 or len(rs) != 1:
+        return []
+    inner = _const_plus_arg(rs[0].args[0])
+    if inner is None or inner[0] == 0.0:
+        return []
+    eps, ib = inner
+    a, b = [f for f in fs if f is not rs[0]]
+    out = []
+    for xf, wf in ((a, b), (b, a)):
+        w = _const_plus_arg(wf)
+        if xf.is_arg() and w is not None and sorted((int(xf.value), ib, w[1])) == [0, 1, 2]:
+            out.append((int(xf.value), ib, w[1], eps, w[0]))
+    return out
+
+
 def _match_rms_norm(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:
-    """x * rsqrt(mean_last(x*x) + eps) * w over the last mode -> one "rms_norm" op."""
+    """(offset + w) * x * rsqrt(mean_last(x*x) + eps), its factors in any order, over the last
+    mode -> one "rms_norm" op (the offset: Gemma's 1 + w)."""
     if op.agg is not None or op.fused is not None or len(op.inputs) != 3:
         return None
-    j = op.join
-    # mul(mul(x_a, rsqrt(add(x_b, eps))), x_c)
-    if j.fn != "mul" or j.args[0].fn != "mul" or not j.args[1].is_arg():
-        return None
-    xa, rs = j.args[0].args
-    if not xa.is_arg() or rs.fn != "rsqrt" or rs.args[0].fn != "add":
-        return None
-    xb, eps = rs.args[0].args
-    if not xb.is_arg() or eps.fn != "const":
-        return None
-    ia, ib, ic = int(xa.value), int(xb.value), int(j.args[1].value)
-    if sorted((ia, ib, ic)) != [0, 1, 2]:
-        return None
+    for reading in _norm_factors(op.join):
+        got = _rms_norm_as(graph, op, *reading)
+        if got is not None:
+            return got
+    return None
+
+
+def _rms_norm_as(graph: Graph, op: Op, ia: int, ib: int, ic: int, eps: float,
+                 offset: float) -> tuple[Op, tuple[Op, ...]] | None:
     x, ms, w = op.inputs[ia], op.inputs[ib], op.inputs[ic]
     mean = graph.producer(ms)
     if mean is None or mean.fused is not None or mean.agg != "sum" or mean.inputs != (x,):
@@ -350,7 +388,8 @@ def _match_rms_norm(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:
     modes = flat_modes(x_dims)
     fused = Op(op.name, (x, w), (x_dims, w_dims), op.output, x_dims,
                tuple((m, op.size[m]) for m in modes), None, None, "rms_norm",
-               (("eps", float(eps.value)),), frozenset(modes[:-1]), op.source)
+               (("eps", eps),) + ((("offset", offset),) if offset else ()),
+               frozenset(modes[:-1]), op.source)
     return fused, (mean, op)
 
 

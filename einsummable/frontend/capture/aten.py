@@ -314,10 +314,20 @@ def _layer_norm(cx, x, shape, w, b, eps):
 
 @register(aten.layer_norm.default)
 def _layer_norm_h(cx, node, a, kw):
+    """One "layer_norm" kernel over the last dim (as sdpa maps to one attention op); over
+    several dims, or with a bias but no weight, the spelled-out mean and variance."""
     w = a[2] if len(a) > 2 else kw.get("weight")
     b = a[3] if len(a) > 3 else kw.get("bias")
     eps = a[4] if len(a) > 4 else kw.get("eps", 1e-5)
-    return _layer_norm(cx, a[0], a[1], w, b, eps)[0]
+    if len(a[1]) != 1 or (w is None and b is not None):
+        return _layer_norm(cx, a[0], a[1], w, b, eps)[0]
+    x = cx.em.stored(a[0])
+    rank = len(x.shape)
+    ops = [(x, tuple(range(rank)))] + [(cx.em.view(t), (rank - 1,)) for t in (w, b)
+                                       if t is not None]
+    return cx.em.op(ops, list(x.shape), [[i] for i in range(rank)], join=None, agg=None,
+                    dtype=cx.dtype, fused="layer_norm", params=lambda _: (("eps", float(eps)),),
+                    splittable=list(range(rank - 1)), stem="layer_norm")
 
 
 @register(aten.native_layer_norm.default)
