@@ -208,3 +208,16 @@ def test_layer_norm_is_one_kernel_that_splits_rows():
     (op,) = g.ops
     assert op.fused == "layer_norm" and len(op.inputs) == 3
     assert op.splittable == frozenset(op.out_modes[:-1])
+
+
+def test_half_precision_rms_norm_upcast_fuses_into_the_kernel():
+    # x.to(float32) read by both the mean and the scale is a cast op of its own; the kernel
+    # upcasts x itself, so the cast joins the chain and the op reads x in half precision
+    from helpers import max_rel_err as err
+    m = _WeightFirstRMSNorm(16).half()
+    x = torch.randn(2, 5, 16).half()
+    g, plain = trace(m, (x,)), trace(m, (x,), fuse=False)
+    assert len(plain.ops) == 3 and [op.fused for op in g.ops] == ["rms_norm"], g.summary()
+    assert g.ops[0].inputs[0] == "x"
+    with torch.no_grad():
+        assert err(evaluate(g, bind(g, m, (x,)))[g.outputs[0]].float(), m(x).float()) <= 2e-3

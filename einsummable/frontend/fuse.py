@@ -382,15 +382,33 @@ def _rms_norm_as(graph: Graph, op: Op, ia: int, ib: int, ic: int, eps: float,
     if [mp[m] for m in mean.agg_modes if mean.size[m] > 1] != [last[0]] \
             or _wide(_rename(mean.out_dims, mp), names) != _wide(op.in_dims[ib], names):
         return None
+    if ms in graph.outputs or graph.consumers(ms) != (op,):
+        return None
+    chain: tuple[Op, ...] = (mean, op)
     dtypes = {graph.tensor(n).dtype for n in (x, ms, op.output)}
-    if len(dtypes) != 1 or ms in graph.outputs or graph.consumers(ms) != (op,):
+    cast = _upcast(graph, x, (mean, op))
+    if cast is not None and graph.tensor(cast.inputs[0]).dtype == graph.tensor(op.output).dtype:
+        # x.float() normalised, cast back, times w: what the kernel computes from x itself
+        x, chain, dtypes = cast.inputs[0], (cast,) + chain, {graph.tensor(ms).dtype}
+    if len(dtypes) != 1:
         return None
     modes = flat_modes(x_dims)
     fused = Op(op.name, (x, w), (x_dims, w_dims), op.output, x_dims,
                tuple((m, op.size[m]) for m in modes), None, None, "rms_norm",
                (("eps", eps),) + ((("offset", offset),) if offset else ()),
                frozenset(modes[:-1]), op.source)
-    return fused, (mean, op)
+    return fused, chain
+
+
+def _upcast(graph: Graph, x: str, readers: tuple[Op, ...]) -> Op | None:
+    """The op that casts x up to float32 in place (same dims), when only `readers` read it."""
+    cast = graph.producer(x)
+    if cast is None or cast.fused is not None or cast.agg is not None or len(cast.inputs) != 1 \
+            or not cast.join.is_arg(0) or cast.in_dims[0] != cast.out_dims \
+            or graph.tensor(x).dtype != "float32" or x in graph.outputs \
+            or set(graph.consumers(x)) != set(readers):
+        return None
+    return cast
 
 
 # --------------------------------------------------------------------------- driver

@@ -200,6 +200,12 @@ def _cat(cx, node, a, kw):
     dim = (a[1] if len(a) > 1 else kw.get("dim", 0)) % len(cx.shape)
     if len(xs) == 1:
         return xs[0]
+    if all(x is xs[0] for x in xs) and not isinstance(xs[0], SliceVal):
+        # cat((f, f)) (rotary tables) repeats f: a broadcast view, no op
+        v = V.unsqueeze(cx.em.view(xs[0]), dim)
+        shape = list(v.shape)
+        shape[dim] = len(xs)
+        return cx.em.reshape(V.expand(v, shape), list(cx.shape))
     # group pieces by the view they slice; each group is one einsum with a small matrix
     groups: list[tuple[View, list[tuple[int, int, float, int]]]] = []
     at = 0
