@@ -73,6 +73,26 @@ def test_empty_slice_is_dropped_by_cat():
     check(Fn(lambda m, x: torch.cat((x[..., :8] * 2.0, x[..., 8:]), dim=-1)), r(2, 3, 8))
 
 
+class _Scaled(nn.Module):
+    """Gemma's embedding scale: a 0-d buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(8.0), persistent=False)
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def test_scalar_buffer_is_a_number_and_on_meta_a_one_element_weight():
+    g = check(_Scaled(), r(2, 3))
+    assert not g.weights
+    with torch.device("meta"):
+        m = _Scaled()
+    g = trace(m, (torch.empty(2, 3, device="meta"),))
+    assert [(t.name, t.shape) for t in g.weights] == [("scale", (1,))]
+
+
 def test_cat_of_a_tensor_with_itself_is_a_view():
     # rotary's cat((freqs, freqs)): a broadcast view read by the cos and sin maps, no op
     g = check(Fn(lambda m, x: (lambda f: torch.cat((f, f), dim=-1).cos())(x * 2.0)), r(2, 3, 4))

@@ -217,6 +217,8 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
                 env[node] = val
             elif node.name in weights and val.dtype == torch.bool:
                 env[node] = _bool_state(ep, weights[node.name], val)
+            elif node.name in sig.inputs_to_buffers and val.ndim == 0:
+                env[node] = _scalar_buffer(ep, em, weights[node.name], val)
             else:
                 kind = "weight" if node.name in weights else "input"
                 name = weights.get(node.name, node.name)
@@ -271,6 +273,16 @@ def _bool_state(ep: torch.export.ExportedProgram, name: str, val: torch.Tensor) 
     if t is None or t.is_meta:
         return Folded("opaque", tuple(val.shape), val.dtype)
     return fold.real(t)
+
+
+def _scalar_buffer(ep: torch.export.ExportedProgram, em: Emitter, name: str,
+                   val: torch.Tensor) -> Any:
+    """A 0-d buffer (Gemma's embedding scale) is a number: folded when it has a value; on the
+    meta device a weight of one element (a graph tensor has at least one mode) seen as 0-d."""
+    t = ep.state_dict.get(name, ep.constants.get(name))
+    if t is not None and not t.is_meta:
+        return fold.real(t)
+    return em.add_tensor(name, (1,), fold.ir_dtype(val.dtype), "weight").with_([])
 
 
 def _finish(em: Emitter, outputs: list[str]) -> Graph:
