@@ -142,3 +142,71 @@ def test_7b_transformers_layer_plans_like_the_preset():
     objective = [optimize(g, "a100x8", weights="sharded", steady_state=True, cache=False)
                  .objective_s for g in (ours, theirs)]
     assert objective[0] <= 1.01 * objective[1], objective
+
+
+# ---------------------------------------------------------------- masks built in forward
+
+_NEG, _MIN = float("-inf"), torch.finfo(torch.float32).min
+MASKS = {  # (q, k) additive masks, spelled as models spell them
+    "full-triu": lambda s: torch.full((s, s), _NEG).triu(1),
+    "bool-triu-fill": lambda s: torch.zeros(s, s).masked_fill(
+        torch.ones(s, s, dtype=torch.bool).triu(1), _NEG),
+    "arange-compare": lambda s: torch.where(torch.arange(s)[None, :] > torch.arange(s)[:, None],
+                                            _NEG, 0.0),
+    "tril-ones-min": lambda s: (1 - torch.tril(torch.ones(s, s))) * _MIN,
+    "sliding-window": lambda s: torch.where(
+        (torch.arange(s)[:, None] - torch.arange(s)[None, :] >= 0)
+        & (torch.arange(s)[:, None] - torch.arange(s)[None, :] < 5), 0.0, _MIN),
+}
+
+
+def _masked_attention(mask):
+    return Fn(lambda m, q, k, v: torch.softmax(q @ k.transpose(-1, -2) * 0.25
+                                               + mask(q.shape[-2]), -1) @ v)
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_masks_built_in_forward_are_structure_at_any_size(name):
+    q = r(2, 2, 12, 8)
+    g = check(_masked_attention(MASKS[name]), q, q * 0.5, q + 1.0)
+    assert [op.fused for op in g.ops] == ["attention"], g.summary()
+    # at 4096 (16M elements: too many to compute, let alone embed) the same structure
+    big = torch.zeros(1, 1, 4096, 8)
+    g = trace(_masked_attention(MASKS[name]), (big, big, big))
+    assert [op.fused for op in g.ops] == ["attention"], g.summary()
+    assert all(c.kind in ("causal_mask", "diagonal") for _, c in g.constants), g.constants
+    assert all(len(c.values) <= 8 for _, c in g.constants)
+
+
+def test_diagonal_constant_blocks_equal_the_whole():
+    from einsummable.frontend.ir import Constant, TensorInfo
+    from einsummable.frontend.reference import materialize
+    c = Constant("diagonal", (-6.0, _MIN, 0.0, 0.0, 3.0, _MIN))  # window of 3 behind
+    info = TensorInfo("m", (7, 7), "float32", "constant")
+    whole = materialize(c, info)
+    d = torch.arange(7)[:, None] - torch.arange(7)[None, :]
+    assert torch.equal(whole, torch.where((d >= 0) & (d < 3), 0.0, _MIN))
+    assert torch.equal(materialize(c, info, ((2, 5), (1, 7))), whole[2:5, 1:7])
+
+
+@pytest.mark.parametrize("model", ["LlamaModel", "MistralModel"])
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_transformers_masks_at_4096_capture_as_structure(model, impl):
+    # transformers builds its causal and sliding-window masks from index comparisons in
+    # forward; on the meta device at seq 4096 they are diagonals, never literals
+    t = _transformers()
+    config = getattr(t, model.replace("Model", "Config"))(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=64, max_position_embeddings=4096,
+        **({"sliding_window": 512} if model == "MistralModel" else {}))
+    config._attn_implementation = impl
+    with torch.device("meta"):
+        m = getattr(t, model)(config).eval()
+    g = trace(m, (torch.zeros(1, 4096, dtype=torch.long, device="meta"),))
+    masks = [c for _, c in g.constants if c.kind in ("causal_mask", "diagonal")]
+    assert all(len(c.values) <= 4096 for _, c in g.constants)  # positions at most, no Q x K
+    if impl == "sdpa":
+        (attention,) = [op for op in g.ops if op.fused == "attention"]
+        assert dict(attention.params)["causal"] == (model == "LlamaModel")
+    if model == "MistralModel":
+        assert [c.kind for c in masks] == ["diagonal"] and len(masks[0].values) == 6

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from . import values as V
+from . import masks, values as V
 from .aten import aten, elementwise, register
 from .emit import broadcast_shapes
 from .fold import is_causal
@@ -188,14 +188,15 @@ def _sdpa(cx, node, a, kw):
         if mask.dtype == torch.bool:
             if mask.kind == "keep":
                 mask = Folded("causal", mask.shape, torch.float32)
-            elif mask.kind == "real":
-                add = torch.zeros(mask.shape).masked_fill(~mask.tensor, float("-inf"))
-                mask = Folded("real", tuple(add.shape), torch.float32, add)
+            elif mask.kind in ("real", "diag"):  # True attends: 0, else -inf
+                add = torch.zeros(mask.tensor.shape).masked_fill(~mask.tensor, float("-inf"))
+                mask = Folded(mask.kind, mask.shape, torch.float32, add)
             else:
                 raise cx.fail("a boolean attention mask of this kind",
                               fix="pass is_causal=True or an additive float mask")
         square = mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]
-        if square and (mask.kind == "causal" or mask.kind == "real" and is_causal(mask.tensor)):
+        if square and (mask.kind == "causal" or mask.kind == "real" and is_causal(mask.tensor)
+                       or mask.kind == "diag" and masks.is_causal(mask.tensor, k.shape[-2])):
             mask, causal = None, True
     if mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
         raise cx.fail(f"attention mask of type {type(mask).__name__}")
