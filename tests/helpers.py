@@ -271,7 +271,8 @@ def capture_check(module: torch.nn.Module, *args: torch.Tensor, max_ops: int | N
     outs = evaluate(g, bind(g, module, args, kwargs))
     with torch.no_grad():
         ref = module(*args, **kwargs)
-    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    from torch.utils import _pytree as pytree
+    refs = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
     assert len(refs) == len(g.outputs)
     for name, want in zip(g.outputs, refs):
         got = outs[name]

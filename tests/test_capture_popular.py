@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from einsummable.errors import UnsupportedOpError
 from einsummable.frontend.capture import trace
 
 from helpers import Fn, capture_check as check, rand as r
@@ -210,3 +211,39 @@ def test_transformers_masks_at_4096_capture_as_structure(model, impl):
         assert dict(attention.params)["causal"] == (model == "LlamaModel")
     if model == "MistralModel":
         assert [c.kind for c in masks] == ["diagonal"] and len(masks[0].values) == 6
+
+
+def _padding(batch: int, seq: int) -> torch.Tensor:
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq - 5:] = 0  # the last sequence is 5 tokens shorter
+    return mask
+
+
+@pytest.mark.parametrize("model", ["LlamaModel", "BertModel"])
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_attention_mask_input(model, impl):
+    # transformers indexes the padding mask with aranges (a view of the input), joins it with
+    # the causal diagonals (and: a product of 0/1 numbers), and adds it as 0 / -inf (log of
+    # the mask) or where(mask, 0, min)
+    t = _transformers()
+    if model == "LlamaModel":
+        config = t.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                               max_position_embeddings=64)
+    else:
+        config = t.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    config._attn_implementation = impl
+    ids = torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    g = check(getattr(t, model)(config), ids, kwargs={"attention_mask": _padding(2, 12)})
+    assert [op.fused for op in g.ops].count("attention") == 1, g.summary()
+
+
+def test_boolean_logic_and_casts_on_masks_that_depend_on_inputs():
+    ids = torch.tensor([[3, 0, 2, 0], [1, 1, 0, 5]])
+    x = r(2, 4)
+    check(Fn(lambda m, x, i: torch.where(i.bool() & ~(torch.arange(4) == 3), x, 0.0)), x, ids)
+    check(Fn(lambda m, x, i: torch.where(i.bool().logical_not(), float("-inf"), x).exp()), x, ids)
+    check(Fn(lambda m, x, i: torch.where(i.bool() | (torch.arange(4) < 2), x, -1.0)), x, ids)
+    with pytest.raises(UnsupportedOpError, match="cast to bool"):
+        trace(Fn(lambda m, x: torch.where(x.bool(), x, 0.0)), (x,))

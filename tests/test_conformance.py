@@ -7,7 +7,7 @@ held to the module itself in float32 (relative error <= 1e-5). The LLaMA decoder
 its rotary table in forward, under the sdpa and the eager attention implementations; Mistral's
 sliding window is shorter than the sequence, so it masks; Qwen2 has grouped-query heads and
 q/k/v biases; BERT runs with and without token-type ids; the causal LM is checked end to end
-(embedding, layers, final norm, lm_head: the logits).
+(embedding, layers, final norm, lm_head: the logits), also with a padding attention_mask.
 """
 from __future__ import annotations
 
@@ -92,6 +92,16 @@ def _bert(token_types: bool):
     return transformers.BertModel(config), (_ids(4),), kwargs
 
 
+def _padded(build):
+    """The model with an attention_mask input: the last sequence 5 tokens shorter."""
+    def padded():
+        module, args, kwargs = build()
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[-1, SEQ - 5:] = 0
+        return module, args, {**kwargs, "attention_mask": mask}
+    return padded
+
+
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple, dict]]] = {
     "llama-layer-sdpa": lambda: _llama_layer("sdpa"),
     "llama-layer-eager": lambda: _llama_layer("eager"),
@@ -103,6 +113,7 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple, dict]]] = {
     "bert": lambda: _bert(False),
     "bert-token-types": lambda: _bert(True),
     "llama-causal-lm": _decoder("LlamaForCausalLM", "LlamaConfig"),
+    "llama-causal-lm-padded": _padded(_decoder("LlamaForCausalLM", "LlamaConfig")),
 }
 
 

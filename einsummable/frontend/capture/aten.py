@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import UnsupportedOpError
-from ..scalar import Expr, call
+from ..scalar import Expr, call, const
 from .emit import Emitter
 from .fold import ir_dtype, scalar_of
 from .values import Folded, Lazy, View
@@ -146,13 +146,27 @@ def _clamp(cx, node, a, kw):
     return out
 
 
+def _torch_dtype(node: Any, i: int) -> torch.dtype | None:
+    arg = node.args[i] if len(node.args) > i else None
+    val = getattr(arg, "meta", {}).get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
 def _cast(cx, node, a, kw):
+    """Casts change nothing but the IR dtype; booleans are 0/1 numbers, so a cast to bool of an
+    integer tensor is min(|x|, 1) (a float's x != 0 has no join function)."""
     x = a[0]
     if isinstance(x, (int, float)):
         return x
-    if cx.dtype == x.dtype:
-        return x
     if isinstance(x, Folded):
+        return x
+    src = _torch_dtype(node, 0)
+    if cx.meta.dtype == torch.bool and src is not None and src != torch.bool:
+        if src.is_floating_point:
+            raise cx.fail("a float tensor cast to bool (x != 0) has no join function",
+                          fix="build the mask from integers or pass it in as 0/1 numbers")
+        return elementwise(cx, lambda e: call("min", call("abs", e), const(1.0)), x)
+    if cx.dtype == x.dtype:
         return x
     return elementwise(cx, lambda e: e, x)
 
@@ -173,6 +187,23 @@ def _dropout(cx, node, a, kw):
     return a[0]
 
 
+# Booleans are 0/1 numbers: and is a product, or a maximum, not one minus.
+def _boolean(fn: Callable[..., Expr]) -> Handler:
+    def h(cx, node, a, kw):
+        if cx.meta.dtype != torch.bool:
+            raise cx.fail("bitwise logic on integers has no join function",
+                          fix="use it on boolean masks only")
+        return elementwise(cx, fn, *a[:2])
+    return h
+
+
+register(aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default)(
+    _boolean(lambda x, y: x * y))
+register(aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default)(
+    _boolean(lambda x, y: call("max", x, y)))
+register(aten.bitwise_not.default, aten.logical_not.default)(_boolean(lambda x: 1.0 - x))
+
+
 def _triangle_to_additive(cond: Folded, neg_inf_where: bool) -> Folded:
     """where(cond, -inf, 0) for a symbolic triangle."""
     kind = cond.kind if neg_inf_where else ("drop" if cond.kind == "keep" else "keep")
@@ -184,8 +215,10 @@ def _triangle_to_additive(cond: Folded, neg_inf_where: bool) -> Folded:
 def _where(cx, cond, a, b):
     """where(cond, a, b) for a constant condition."""
     if not isinstance(cond, Folded):
-        raise cx.fail("a condition that depends on inputs has no join function",
-                      fix="build masks from constants (triu/tril/full/arange), not from data")
+        if _torch_dtype(cx.node, 0) != torch.bool:
+            raise cx.fail("a condition that depends on inputs has no join function",
+                          fix="build masks from constants (triu/tril/full/arange), not from data")
+        return _where_mask(cx, cond, a, b)
     for other, inf, neg_inf_where in ((a, b, False), (b, a, True)):
         if isinstance(inf, (int, float)) and math.isinf(inf) and inf < 0:
             if cond.kind in ("keep", "drop"):
@@ -204,6 +237,25 @@ def _where(cx, cond, a, b):
     return elementwise(cx, lambda x, y, p, q: x * p + y * q, a, b, Folded("real", tuple(c.shape),
                                                                   torch.float32, c),
                Folded("real", tuple(c.shape), torch.float32, 1 - c))
+
+
+def _where_mask(cx, cond, a, b):
+    """where(c, a, b) for a 0/1 mask c that depends on inputs (a padding mask): a + log(c)
+    where b is -inf (log 0 = -inf, log 1 = 0), b + log(1 - c) where a is, else
+    c a + (1 - c) b (a 0-d zero, transformers' torch.tensor(0.0), folds to a number)."""
+    a, b = (scalar_of(x) if isinstance(x, Folded) and scalar_of(x) is not None else x
+            for x in (a, b))
+    for x, inf, keep in ((a, b, True), (b, a, False)):
+        if isinstance(inf, (int, float)) and math.isinf(inf) and inf < 0:
+            if keep:
+                return elementwise(cx, lambda v, c: v + call("log", c), x, cond)
+            return elementwise(cx, lambda v, c: v + call("log", 1.0 - c), x, cond)
+    # stored, so that an attention chain reads the mask as a tensor of its own
+    if isinstance(a, (int, float)) and a == 0:
+        return cx.em.view(elementwise(cx, lambda c, q: (1.0 - c) * q, cond, b))
+    if isinstance(b, (int, float)) and b == 0:
+        return cx.em.view(elementwise(cx, lambda c, p: c * p, cond, a))
+    return cx.em.view(elementwise(cx, lambda c, p, q: c * p + (1.0 - c) * q, cond, a, b))
 
 
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)

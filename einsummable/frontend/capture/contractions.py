@@ -8,6 +8,7 @@ import torch
 
 from . import masks, values as V
 from .aten import aten, elementwise, register
+from ..scalar import call
 from .emit import broadcast_shapes
 from .fold import is_causal
 from .values import Folded, Lazy, SliceVal, View
@@ -135,6 +136,9 @@ def _index_select(cx, node, a, kw):
 def _index(cx, node, a, kw):
     src, indices = a[0], list(a[1])
     given = [i for i, t in enumerate(indices) if t is not None]
+    view = _index_view(cx, src, indices, given)
+    if view is not None:
+        return view
     if len(given) != 1:
         raise cx.fail("indexing with several index tensors at once",
                       fix="index one dim at a time (x[idx] then [:, idx2]) or use index_select")
@@ -143,6 +147,32 @@ def _index(cx, node, a, kw):
         raise cx.fail("a boolean mask index selects a data-dependent number of elements",
                       fix="multiply by the mask (x * mask) or use torch.where instead")
     return _take(cx, src, given[0], idx)
+
+
+def _index_view(cx, src, indices: list, given: list[int]) -> View | None:
+    """src[i_1, ..., i_m] where every index is an arange over its dim placed along one axis
+    of the broadcast index shape (transformers' padding_mask[batch_idx, kv_idx]): src's dims
+    moved to those axes, a view."""
+    if len(given) < 2 or given != list(range(given[0], given[-1] + 1)) \
+            or not all(isinstance(indices[i], Folded) and indices[i].kind == "real"
+                       for i in given):
+        return None
+    v = cx.em.view(src)
+    wide = broadcast_shapes(*(indices[i].shape for i in given))
+    at: dict[int, int] = {}  # index axis -> src dim
+    for i in given:
+        t = indices[i].tensor
+        shape = (1,) * (len(wide) - t.ndim) + tuple(t.shape)
+        axes = [p for p, n in enumerate(shape) if n > 1]
+        n = v.shape[i]
+        if not axes and n == 1 and t.numel() == 1 and int(t.reshape(())) in (0, -1):
+            continue  # picks the only element of a size-1 dim
+        if len(axes) != 1 or axes[0] in at or shape[axes[0]] != n \
+                or not torch.equal(t.reshape(-1).long(), torch.arange(n)):
+            return None
+        at[axes[0]] = i
+    middle = [v.dims[at[p]] if p in at else () for p in range(len(wide))]
+    return v.with_(list(v.dims[:given[0]]) + middle + list(v.dims[given[-1] + 1:]))
 
 
 @register(aten.gather.default)
@@ -200,8 +230,12 @@ def _sdpa(cx, node, a, kw):
             mask, causal = None, True
     if mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
         raise cx.fail(f"attention mask of type {type(mask).__name__}")
-    elif isinstance(mask, View) and mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
-        raise cx.fail("a boolean attention mask that depends on inputs")
+    if mask is not None and not isinstance(mask, Folded):
+        mask_node = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        if mask_node.meta["val"].dtype == torch.bool:  # a padding mask: True attends
+            mask = elementwise(cx, lambda m: call("log", m), mask)
+        elif mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
+            raise cx.fail("an integer attention mask", fix="pass a boolean or additive mask")
     nb = len(q.shape) - 2
     hq, hk = q.shape[-3] if nb else 1, k.shape[-3] if len(k.shape) > 2 else 1
     # axes: batch dims..., then Q, K, E, F; GQA splits the head axis into (kv heads, group)
