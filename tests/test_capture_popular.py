@@ -247,3 +247,30 @@ def test_boolean_logic_and_casts_on_masks_that_depend_on_inputs():
     check(Fn(lambda m, x, i: torch.where(i.bool() | (torch.arange(4) < 2), x, -1.0)), x, ids)
     with pytest.raises(UnsupportedOpError, match="cast to bool"):
         trace(Fn(lambda m, x: torch.where(x.bool(), x, 0.0)), (x,))
+
+
+def _tiny_llama_config(t, **extra):
+    return t.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
+                         max_position_embeddings=64, **extra)
+
+
+def test_causal_lm_is_captured_without_its_cache_and_the_config_is_kept():
+    t = _transformers()
+    m = t.LlamaForCausalLM(_tiny_llama_config(t))
+    assert m.config.use_cache
+    ids = torch.randint(3, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    g = check(m, ids)
+    assert g.tensor(g.outputs[0]).shape == (2, 8, 64)  # the logits, and nothing of a cache
+    assert m.config.use_cache  # restored after the export
+
+
+def test_decoder_layer_taking_position_embeddings_as_inputs():
+    t = _transformers()
+    from transformers.models.llama import modeling_llama as ml
+    config = _tiny_llama_config(t)
+    layer = ml.LlamaDecoderLayer(config, 0)
+    x = r(2, 8, 32)
+    cos, sin = ml.LlamaRotaryEmbedding(config)(x, torch.arange(8).unsqueeze(0))
+    g = check(layer, x, kwargs={"position_embeddings": (cos, sin), "attention_mask": None})
+    assert sorted(op.fused for op in g.ops if op.fused) == ["attention", "rms_norm", "rms_norm"]
