@@ -221,3 +221,31 @@ def test_half_precision_rms_norm_upcast_fuses_into_the_kernel():
     assert g.ops[0].inputs[0] == "x"
     with torch.no_grad():
         assert err(evaluate(g, bind(g, m, (x,)))[g.outputs[0]].float(), m(x).float()) <= 2e-3
+
+
+class _EagerGQA(nn.Module):
+    """transformers' eager attention with grouped-query heads: repeat_kv (expand + reshape),
+    scores, softmax in float32, probabilities times values."""
+
+    def forward(self, q, k, v):
+        def repeat_kv(x, n):
+            b, h, s, d = x.shape
+            return x[:, :, None].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+        k, v = repeat_kv(k, 2), repeat_kv(v, 2)
+        w = torch.matmul(q, k.transpose(2, 3)) * 0.25
+        w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(w, v).transpose(1, 2)
+
+
+def test_eager_grouped_query_attention_fuses():
+    from einsummable.frontend.refine import refine_modes
+    m = _EagerGQA()
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)
+    g, plain = trace(m, (q, k, v)), trace(m, (q, k, v), fuse=False)
+    assert [op.fused for op in g.ops] == ["attention", None], g.summary()  # and the transpose
+    ins = bind(g, m, (q, k, v))
+    _same(plain, g, ins)
+    _same(plain, refine_modes(plain), ins)  # the refined graph computes the same
+    assert any(len(op.modes) > len(p.modes) for op, p in zip(refine_modes(plain).ops, plain.ops))
+    with torch.no_grad():
+        assert max_rel_err(evaluate(g, ins)[g.outputs[0]], m(q, k, v)) <= TOL

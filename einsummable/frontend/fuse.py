@@ -18,6 +18,7 @@ from typing import Iterator
 from .einsum import Dims, flat_modes
 from .ir import Graph, Op
 from .norm_forms import norm_factors
+from .refine import refine_modes
 from .scalar import Expr
 
 # Mode letters for modes that the fused op's namespace does not have yet.
@@ -373,19 +374,22 @@ def _upcast(graph: Graph, x: str, readers: tuple[Op, ...]) -> Op | None:
 
 # --------------------------------------------------------------------------- driver
 
-def _rewrite(graph: Graph, matcher) -> Graph:
+def _rewrite(graph: Graph, matcher, seen: Graph | None = None) -> Graph:
+    """Replace the chains `matcher` finds by their fused ops. It matches on `seen` (the graph
+    itself, or the same graph with modes refined), and chains are removed by op name."""
+    seen = seen or graph
     replaced: dict[str, Op] = {}   # name of the chain's last op -> fused op
     gone: set[str] = set()
-    for op in graph.ops:
+    for op in seen.ops:
         if op.name in gone:
             continue
-        got = matcher(graph, op)
+        got = matcher(seen, op)
         if got is None:
             continue
         fused, chain = got
         if any(c.name in gone for c in chain):
             continue
-        last = max(chain, key=lambda c: graph.ops.index(c))
+        last = max(chain, key=lambda c: seen.ops.index(c))
         gone.update(c.name for c in chain)
         replaced[last.name] = fused
     if not replaced:
@@ -446,8 +450,12 @@ def _absorb_views(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:
 
 def fuse_attention(graph: Graph) -> Graph:
     """Replace every attention chain whose intermediates are its own by one "attention" op
-    (reading through the views around it)."""
-    return _rewrite(_rewrite(graph, _match_attention), _absorb_views)
+    (reading through the views around it). Chains that do not match as written are matched
+    again with every op reading a tensor's dims cut as its producer wrote them
+    (`refine_modes`: eager grouped-query scores are written with the head cut into key heads
+    x group, and the softmax reads the head whole)."""
+    once = _rewrite(graph, _match_attention)
+    return _rewrite(_rewrite(once, _match_attention, refine_modes(once)), _absorb_views)
 
 
 def fuse_rms_norm(graph: Graph) -> Graph:
