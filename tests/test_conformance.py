@@ -154,3 +154,18 @@ def test_conformance(name, pools):
             assert rel_err(outs[out].float(), ref.float()) <= TOL, (backend, out)
     fused = sorted(op.fused for op in g.ops if op.fused)
     print(f"\n{name}: {len(g.ops)} ops, fused {fused}, capture {capture_s:.2f} s")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_meta_capture_is_the_same_graph(name):
+    # on the meta device buffers have no values: rotary tables, position ids and masks still
+    # capture, as cheap ops or recognised structure, into the graph the CPU capture makes
+    torch.manual_seed(0)
+    module, args, kwargs = MODELS[name]()
+    cpu = trace(module.eval(), args, kwargs)
+    with torch.device("meta"):
+        module, args, kwargs = MODELS[name]()
+    meta = trace(module.eval(), tuple(a.to("meta") for a in args),
+                 {k: v.to("meta") for k, v in kwargs.items()})
+    # (Gemma's 0-d scale buffer is a number on the CPU, a one-element weight on meta)
+    assert [(op.name, op.fused) for op in meta.ops] == [(op.name, op.fused) for op in cpu.ops]
