@@ -245,6 +245,7 @@ def test_boolean_logic_and_casts_on_masks_that_depend_on_inputs():
     check(Fn(lambda m, x, i: torch.where(i.bool() & ~(torch.arange(4) == 3), x, 0.0)), x, ids)
     check(Fn(lambda m, x, i: torch.where(i.bool().logical_not(), float("-inf"), x).exp()), x, ids)
     check(Fn(lambda m, x, i: torch.where(i.bool() | (torch.arange(4) < 2), x, -1.0)), x, ids)
+    check(Fn(lambda m, x, i: x.masked_fill(i.bool(), -2.0)), x, ids)
     with pytest.raises(UnsupportedOpError, match="cast to bool"):
         trace(Fn(lambda m, x: torch.where(x.bool(), x, 0.0)), (x,))
 

@@ -212,10 +212,11 @@ def _triangle_to_additive(cond: Folded, neg_inf_where: bool) -> Folded:
     raise ValueError
 
 
-def _where(cx, cond, a, b):
-    """where(cond, a, b) for a constant condition."""
+def _where(cx, cond, a, b, cond_arg: int = 0):
+    """where(cond, a, b) for a constant condition, or a boolean one that depends on inputs
+    (the node's argument `cond_arg`)."""
     if not isinstance(cond, Folded):
-        if _torch_dtype(cx.node, 0) != torch.bool:
+        if _torch_dtype(cx.node, cond_arg) != torch.bool:
             raise cx.fail("a condition that depends on inputs has no join function",
                           fix="build masks from constants (triu/tril/full/arange), not from data")
         return _where_mask(cx, cond, a, b)
@@ -268,7 +269,7 @@ def _masked_fill(cx, node, a, kw):
     v = a[2]
     if isinstance(v, Folded):
         v = scalar_of(v)
-    return _where(cx, a[1], v, a[0])
+    return _where(cx, a[1], v, a[0], cond_arg=1)
 
 
 # ------------------------------------------------------------------------- reductions
