@@ -56,13 +56,10 @@ def _qk(shape: Sequence[int]) -> tuple[int, int]:
 
 def _lead_constant(t: torch.Tensor) -> torch.Tensor | None:
     """t's last two dims, when t does not vary over the dims before them."""
-    t2 = t.reshape((-1,) + tuple(t.shape[-2:])) if t.ndim > 2 else t.reshape((1,) * (2 - t.ndim)
-                                                                              + tuple(t.shape))
-    if t2.ndim == 3:
-        if not torch.equal(t2, t2[:1].expand_as(t2)):
-            return None
-        t2 = t2[0]
-    return t2
+    if t.ndim < 2:
+        return t.reshape((1,) * (2 - t.ndim) + tuple(t.shape))
+    lead = t.reshape((-1,) + tuple(t.shape[-2:]))
+    return lead[0] if torch.equal(lead, lead[:1].expand_as(lead)) else None
 
 
 def _line(v: torch.Tensor) -> tuple[float, float] | None:
