@@ -11,6 +11,8 @@ Sections:
 - fixed workloads: `mlp`, `llama_tiny`, `module_inputs`, `split_plan`, `named_plans`;
 - topologies: `WORLD_SIZES`, `TOPOS` (one per world size), `TOPOLOGIES` (the optimizer's set),
   `ring4` (four devices on a ring of slow links, so two of them talk through a relay);
+- capture: `capture_check` (trace a module, evaluate the graph, compare with the module),
+  `Fn` (a module around a lambda), `rand` (seeded inputs);
 - `CollectiveProbe`: a block that calls a torch.distributed collective where a rank uses it.
 """
 from __future__ import annotations
@@ -249,6 +251,57 @@ def named_plans(g, topo) -> dict[str, dict]:
         out[name] = dict(named_plan(g, topo, name).choice)
     out["optimized"] = dict(optimize(g, topo).choice)
     return out
+
+
+# ----------------------------------------------------------------------------- capture
+
+CAPTURE_TOL = 1e-5
+
+
+def capture_check(module: torch.nn.Module, *args: torch.Tensor, max_ops: int | None = None,
+                  kwargs: Mapping[str, torch.Tensor] | None = None):
+    """Trace `module(*args, **kwargs)`, evaluate the graph on the module's own weights and hold
+    every output to the module's (float32: max relative error <= CAPTURE_TOL; integers and
+    booleans exactly); returns the graph."""
+    from einsummable.frontend.capture import bind, trace
+    from einsummable.frontend.reference import evaluate
+    module.eval()
+    kwargs = dict(kwargs or {})
+    g = trace(module, args, kwargs)
+    outs = evaluate(g, bind(g, module, args, kwargs))
+    with torch.no_grad():
+        ref = module(*args, **kwargs)
+    from torch.utils import _pytree as pytree
+    refs = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
+    assert len(refs) == len(g.outputs)
+    for name, want in zip(g.outputs, refs):
+        got = outs[name]
+        assert tuple(got.shape) == tuple(want.shape), (name, got.shape, want.shape)
+        if want.dtype == torch.bool or not want.is_floating_point():
+            assert torch.equal(got.to(want.dtype), want)
+        else:
+            assert max_rel_err(got, want) <= CAPTURE_TOL, (name, max_rel_err(got, want))
+    if max_ops is not None:
+        assert len(g.ops) <= max_ops, g.summary()
+    return g
+
+
+class Fn(torch.nn.Module):
+    """A module around a lambda, with optional parameters."""
+
+    def __init__(self, fn, **params: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        for k, v in params.items():
+            setattr(self, k, torch.nn.Parameter(v))
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g)
 
 
 # ----------------------------------------------------------------------------- dist probes

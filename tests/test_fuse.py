@@ -169,3 +169,83 @@ def test_sdpa_reads_the_captured_blocks_in_place(batch, monkeypatch):
         got = evaluate(g, bind(g, module, (x,)))[g.outputs[0]]
         torch.testing.assert_close(got, module(x), rtol=1e-5, atol=1e-5)
     assert seen and all(set(ptrs) <= given for ptrs in seen)
+
+
+class _WeightFirstRMSNorm(nn.Module):
+    """transformers' LLaMA / Qwen2 / Mistral spelling: the weight multiplies from the left."""
+
+    def __init__(self, n: int, gemma: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n))
+        self.gemma = gemma
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if self.gemma:  # Gemma scales by (1 + w)
+            return (h * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+def test_rms_norm_fuses_however_the_library_spells_it(gemma):
+    from helpers import capture_check
+    m = _WeightFirstRMSNorm(16, gemma)
+    x = torch.randn(2, 5, 16)
+    g = capture_check(m, x)
+    assert [op.fused for op in g.ops] == ["rms_norm"], g.summary()
+    assert dict(g.ops[0].params).get("offset", 0.0) == (1.0 if gemma else 0.0)
+    _same(trace(m, (x,), fuse=False), g, bind(g, m, (x,)))
+
+
+def test_layer_norm_is_one_kernel_that_splits_rows():
+    from helpers import capture_check
+    ln = nn.LayerNorm(16)
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    g = capture_check(ln, torch.randn(2, 5, 16))
+    (op,) = g.ops
+    assert op.fused == "layer_norm" and len(op.inputs) == 3
+    assert op.splittable == frozenset(op.out_modes[:-1])
+
+
+def test_half_precision_rms_norm_upcast_fuses_into_the_kernel():
+    # x.to(float32) read by both the mean and the scale is a cast op of its own; the kernel
+    # upcasts x itself, so the cast joins the chain and the op reads x in half precision
+    from helpers import max_rel_err as err
+    m = _WeightFirstRMSNorm(16).half()
+    x = torch.randn(2, 5, 16).half()
+    g, plain = trace(m, (x,)), trace(m, (x,), fuse=False)
+    assert len(plain.ops) == 3 and [op.fused for op in g.ops] == ["rms_norm"], g.summary()
+    assert g.ops[0].inputs[0] == "x"
+    with torch.no_grad():
+        assert err(evaluate(g, bind(g, m, (x,)))[g.outputs[0]].float(), m(x).float()) <= 2e-3
+
+
+class _EagerGQA(nn.Module):
+    """transformers' eager attention with grouped-query heads: repeat_kv (expand + reshape),
+    scores, softmax in float32, probabilities times values."""
+
+    def forward(self, q, k, v):
+        def repeat_kv(x, n):
+            b, h, s, d = x.shape
+            return x[:, :, None].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+        k, v = repeat_kv(k, 2), repeat_kv(v, 2)
+        w = torch.matmul(q, k.transpose(2, 3)) * 0.25
+        w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(w, v).transpose(1, 2)
+
+
+def test_eager_grouped_query_attention_fuses():
+    from einsummable.frontend.refine import refine_modes
+    m = _EagerGQA()
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 16)
+    g, plain = trace(m, (q, k, v)), trace(m, (q, k, v), fuse=False)
+    assert [op.fused for op in g.ops] == ["attention", None], g.summary()  # and the transpose
+    ins = bind(g, m, (q, k, v))
+    _same(plain, g, ins)
+    _same(plain, refine_modes(plain), ins)  # the refined graph computes the same
+    assert any(len(op.modes) > len(p.modes) for op, p in zip(refine_modes(plain).ops, plain.ops))
+    with torch.no_grad():
+        assert max_rel_err(evaluate(g, ins)[g.outputs[0]], m(q, k, v)) <= TOL

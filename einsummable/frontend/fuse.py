@@ -17,6 +17,8 @@ from typing import Iterator
 
 from .einsum import Dims, flat_modes
 from .ir import Graph, Op
+from .norm_forms import norm_factors
+from .refine import refine_modes
 from .scalar import Expr
 
 # Mode letters for modes that the fused op's namespace does not have yet.
@@ -310,22 +312,19 @@ def _match_attention(graph: Graph, div: Op) -> tuple[Op, tuple[Op, ...]] | None:
 # --------------------------------------------------------------------------- RMSNorm
 
 def _match_rms_norm(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:
-    """x * rsqrt(mean_last(x*x) + eps) * w over the last mode -> one "rms_norm" op."""
+    """(offset + w) * x * rsqrt(mean_last(x*x) + eps), its factors in any order, over the last
+    mode -> one "rms_norm" op (the offset: Gemma's 1 + w)."""
     if op.agg is not None or op.fused is not None or len(op.inputs) != 3:
         return None
-    j = op.join
-    # mul(mul(x_a, rsqrt(add(x_b, eps))), x_c)
-    if j.fn != "mul" or j.args[0].fn != "mul" or not j.args[1].is_arg():
-        return None
-    xa, rs = j.args[0].args
-    if not xa.is_arg() or rs.fn != "rsqrt" or rs.args[0].fn != "add":
-        return None
-    xb, eps = rs.args[0].args
-    if not xb.is_arg() or eps.fn != "const":
-        return None
-    ia, ib, ic = int(xa.value), int(xb.value), int(j.args[1].value)
-    if sorted((ia, ib, ic)) != [0, 1, 2]:
-        return None
+    for reading in norm_factors(op.join):
+        got = _rms_norm_as(graph, op, *reading)
+        if got is not None:
+            return got
+    return None
+
+
+def _rms_norm_as(graph: Graph, op: Op, ia: int, ib: int, ic: int, eps: float,
+                 offset: float) -> tuple[Op, tuple[Op, ...]] | None:
     x, ms, w = op.inputs[ia], op.inputs[ib], op.inputs[ic]
     mean = graph.producer(ms)
     if mean is None or mean.fused is not None or mean.agg != "sum" or mean.inputs != (x,):
@@ -344,31 +343,53 @@ def _match_rms_norm(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:
     if [mp[m] for m in mean.agg_modes if mean.size[m] > 1] != [last[0]] \
             or _wide(_rename(mean.out_dims, mp), names) != _wide(op.in_dims[ib], names):
         return None
+    if ms in graph.outputs or graph.consumers(ms) != (op,):
+        return None
+    chain: tuple[Op, ...] = (mean, op)
     dtypes = {graph.tensor(n).dtype for n in (x, ms, op.output)}
-    if len(dtypes) != 1 or ms in graph.outputs or graph.consumers(ms) != (op,):
+    cast = _upcast(graph, x, (mean, op))
+    if cast is not None and graph.tensor(cast.inputs[0]).dtype == graph.tensor(op.output).dtype:
+        # x.float() normalised, cast back, times w: what the kernel computes from x itself
+        x, chain, dtypes = cast.inputs[0], (cast,) + chain, {graph.tensor(ms).dtype}
+    if len(dtypes) != 1:
         return None
     modes = flat_modes(x_dims)
     fused = Op(op.name, (x, w), (x_dims, w_dims), op.output, x_dims,
                tuple((m, op.size[m]) for m in modes), None, None, "rms_norm",
-               (("eps", float(eps.value)),), frozenset(modes[:-1]), op.source)
-    return fused, (mean, op)
+               (("eps", eps),) + ((("offset", offset),) if offset else ()),
+               frozenset(modes[:-1]), op.source)
+    return fused, chain
+
+
+def _upcast(graph: Graph, x: str, readers: tuple[Op, ...]) -> Op | None:
+    """The op that casts x up to float32 in place (same dims), when only `readers` read it."""
+    cast = graph.producer(x)
+    if cast is None or cast.fused is not None or cast.agg is not None or len(cast.inputs) != 1 \
+            or not cast.join.is_arg(0) or cast.in_dims[0] != cast.out_dims \
+            or graph.tensor(x).dtype != "float32" or x in graph.outputs \
+            or set(graph.consumers(x)) != set(readers):
+        return None
+    return cast
 
 
 # --------------------------------------------------------------------------- driver
 
-def _rewrite(graph: Graph, matcher) -> Graph:
+def _rewrite(graph: Graph, matcher, seen: Graph | None = None) -> Graph:
+    """Replace the chains `matcher` finds by their fused ops. It matches on `seen` (the graph
+    itself, or the same graph with modes refined), and chains are removed by op name."""
+    seen = seen or graph
     replaced: dict[str, Op] = {}   # name of the chain's last op -> fused op
     gone: set[str] = set()
-    for op in graph.ops:
+    for op in seen.ops:
         if op.name in gone:
             continue
-        got = matcher(graph, op)
+        got = matcher(seen, op)
         if got is None:
             continue
         fused, chain = got
         if any(c.name in gone for c in chain):
             continue
-        last = max(chain, key=lambda c: graph.ops.index(c))
+        last = max(chain, key=lambda c: seen.ops.index(c))
         gone.update(c.name for c in chain)
         replaced[last.name] = fused
     if not replaced:
@@ -429,8 +450,12 @@ def _absorb_views(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:
 
 def fuse_attention(graph: Graph) -> Graph:
     """Replace every attention chain whose intermediates are its own by one "attention" op
-    (reading through the views around it)."""
-    return _rewrite(_rewrite(graph, _match_attention), _absorb_views)
+    (reading through the views around it). Chains that do not match as written are matched
+    again with every op reading a tensor's dims cut as its producer wrote them
+    (`refine_modes`: eager grouped-query scores are written with the head cut into key heads
+    x group, and the softmax reads the head whole)."""
+    once = _rewrite(graph, _match_attention)
+    return _rewrite(_rewrite(once, _match_attention, refine_modes(once)), _absorb_views)
 
 
 def fuse_rms_norm(graph: Graph) -> Graph:

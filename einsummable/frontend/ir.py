@@ -60,7 +60,9 @@ class Constant:
 
     kind: "causal_mask" (0 on and below the diagonal, -inf above; shape (q, k)), "fill"
     (every element is values[0]),
-    "literal" (values given row-major in `values`), "rope_cos"/"rope_sin" (value tables of a
+    "literal" (values given row-major in `values`), "diagonal" (a mask along q - k over
+    shape (q, k): `values` = (d_0, v_0, d_1, v_1, ...), v_i where d_i <= q - k < d_{i+1}, v_0
+    below d_0), "rope_cos"/"rope_sin" (value tables of a
     rotary embedding with base `theta`, shape (seq, head_dim)), "rotate_half" ((2, 2) matrix
     that maps the halves (x1, x2) to (-x2, x1)).
     """

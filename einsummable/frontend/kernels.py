@@ -106,7 +106,9 @@ def _log_softmax(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> tor
 def _rms_norm(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     x, w = xs[0], xs[1]
     var = x.float().pow(2).mean(dim=-1, keepdim=True)
-    return (x.float() * torch.rsqrt(var + op.param["eps"])).to(x.dtype) * w
+    offset = op.param.get("offset", 0.0)  # Gemma scales by (1 + w)
+    return (x.float() * torch.rsqrt(var + op.param["eps"])).to(x.dtype) * (w + offset if offset
+                                                                            else w)
 
 
 def _layer_norm(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:

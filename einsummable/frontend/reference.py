@@ -263,6 +263,12 @@ def materialize(const: Constant, info: TensorInfo, region: Region | None = None,
         full = torch.zeros(q.shape[0], k.shape[1], dtype=dtype, device=device)
         out = full.masked_fill(k > q, float("-inf"))
         return out.reshape(region_shape(reg))
+    if const.kind == "diagonal":  # runs (d_0, v_0, d_1, v_1, ...) along q - k
+        starts = torch.tensor(const.values[0::2], dtype=torch.float64, device=device)
+        vals = torch.tensor(const.values[1::2], dtype=torch.float64, device=device)
+        d = (idx[-2][:, None] - idx[-1][None, :]).double()
+        at = (torch.searchsorted(starts, d.contiguous(), right=True) - 1).clamp_min(0)
+        return vals[at].to(dtype).reshape(region_shape(reg))
     if const.kind in ("rope_cos", "rope_sin"):
         pos, col = idx[0].double()[:, None], idx[1][None, :]
         dim = info.shape[1]

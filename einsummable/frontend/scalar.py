@@ -43,6 +43,8 @@ FUNCTIONS: dict[str, tuple[int, TorchFn]] = {
     "silu": (1, torch.nn.functional.silu),
     "sigmoid": (1, torch.sigmoid),
     "tanh": (1, torch.tanh),
+    "cos": (1, torch.cos),
+    "sin": (1, torch.sin),
     "gelu": (1, _gelu_exact),
     "gelu_tanh": (1, _gelu_tanh),
     "pow": (1, torch.pow),  # exponent is the node's `value`

@@ -15,15 +15,18 @@ keeps them spelled out). Modules on the meta device capture without allocating w
 The export keeps high-level ops (linear, matmul, softmax, layer_norm, sdpa); an op with no
 mapping is decomposed to core ATen when PyTorch has a decomposition for it, and only an op
 that neither maps nor decomposes raises `UnsupportedOpError`, with the op, the user's source
-line and the list of supported ops. Nothing is returned half-captured.
+line (the innermost frame outside torch), the submodule and what to do about that op;
+`supported_ops()` lists every op that maps. Nothing is returned half-captured.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import operator
+import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -46,7 +49,9 @@ def trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any
           *, fuse: bool = True) -> Graph:
     """Capture `module(*args, **kwargs)` as a Graph (see the module docstring). With `fuse`
     (the default) spelled-out attention and RMSNorm chains become fused kernels
-    (`einsummable.frontend.fuse`); `fuse=False` keeps the plain join-agg ops."""
+    (`einsummable.frontend.fuse`); `fuse=False` keeps the plain join-agg ops. A module with a
+    transformers config is captured without its KV cache: `config.use_cache` is False during
+    the export (the forward's outputs without the cache) and restored after."""
     graph = _trace(module, args, kwargs)
     if not fuse:
         return graph
@@ -57,7 +62,8 @@ def _trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, An
            ) -> Graph:
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     try:
-        ep = torch.export.export(module, args, dict(kwargs or {}), strict=False)
+        with _without_cache(module):
+            ep = torch.export.export(module, args, dict(kwargs or {}), strict=False)
     except EinsummableError:
         raise
     except Exception as e:  # noqa: BLE001 - export failures become library errors
@@ -88,6 +94,23 @@ def _trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, An
     raise UnsupportedOpError("decomposition did not converge", op=type(module).__name__)
 
 
+@contextlib.contextmanager
+def _without_cache(module: torch.nn.Module) -> Iterator[None]:
+    """A transformers model returns its KV cache (a `DynamicCache`, which torch.export cannot
+    output) unless its config says `use_cache=False`; capture is of one forward without a
+    cache, so the flag is off while exporting and restored after."""
+    config = getattr(module, "config", None)
+    if getattr(config, "use_cache", None) is None:
+        yield
+        return
+    saved = config.use_cache
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = saved
+
+
 def _functional(ep: torch.export.ExportedProgram) -> bool:
     sig = ep.graph_signature
     if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
@@ -107,25 +130,68 @@ def _decomposition(target: Any) -> Any:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n([^\n]*)')
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 def _source(node: torch.fx.Node) -> tuple[str | None, str]:
-    """("file:line", code) of the innermost user frame of a node's stack trace."""
+    """("file:line", code) of the innermost frame of a node's stack trace outside torch itself
+    (the user's own line, not nn.Conv2d's conv.py); torch's own frame when there is no other."""
     trace = node.meta.get("stack_trace") or ""
     frames = _FRAME.findall(trace)
     if not frames:
         return None, ""
-    path, line, code = frames[-1]
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    path, line, code = (user or frames)[-1]
     return f"{path}:{line}", code.strip()
 
 
+def _module_of(node: torch.fx.Node) -> str:
+    """' in module layers.0.conv (Conv2d)' for the innermost submodule running the node."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, cls = list(stack.values())[-1]
+    cls = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
+    return f" in module {path or '(root)'} ({cls.rpartition('.')[2]})"
+
+
+# What to do about ops with no join-agg mapping, by their ATen name (without the overload).
+_ADVICE = {
+    **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or"),
+                    "a comparison of data makes a condition that depends on inputs: build masks "
+                    "from constants (triu, tril, arange) or pass an additive float mask in"),
+    **dict.fromkeys(("cumsum", "cumprod"),
+                    "a running sum has no join-agg form: multiply by a triangular ones matrix "
+                    "(x @ torch.ones(n, n).triu()) or compute it outside the traced forward"),
+    **dict.fromkeys(("convolution", "conv1d", "conv2d", "conv3d"),
+                    "convolution has no mapping here: write it as unfold + matmul, or capture "
+                    "the part of the model after it"),
+    **dict.fromkeys(("rand", "randn", "randint", "bernoulli", "native_dropout", "normal"),
+                    "random ops cannot be planned: call module.eval() and pass random tensors "
+                    "in as inputs"),
+    **dict.fromkeys(("nonzero", "masked_select", "argmax", "argmin", "sort", "topk", "unique"),
+                    "the result's values or size depend on the data: compute it outside the "
+                    "traced forward and pass it in"),
+    **dict.fromkeys(("index_put", "index_put_", "copy_", "scatter", "scatter_add"),
+                    "writes into a tensor have no join-agg form: build the result with cat, "
+                    "where or a lookup instead"),
+}
+_LISTING = "einsummable.frontend.capture.supported_ops() lists every op that maps"
+
+
+def _fix(target: Any) -> str:
+    name = getattr(getattr(target, "_schema", None), "name", str(target)).rpartition("::")[2]
+    advice = _ADVICE.get(name) or (f"rewrite this line without {name} (matmuls, einsum, "
+                                   "elementwise ops, reductions, views and lookups map), or "
+                                   "compute it outside the traced forward")
+    return f"{advice}; {_LISTING}"
+
+
 def _unsupported(node: torch.fx.Node, src: str | None, code: str, why: str) -> UnsupportedOpError:
-    text = f"cannot capture ATen op {node.target}: {why}"
+    text = f"cannot capture ATen op {node.target}{_module_of(node)}: {why}"
     if code:
         text += f"\n    {code}"
-    err = UnsupportedOpError(text, op=node.name, source=src,
-                             fix="rewrite this line with supported ops: "
-                                 + ", ".join(supported_ops()))
+    err = UnsupportedOpError(text, op=node.name, source=src, fix=_fix(node.target))
     err.aten_op = node.target
     return err
 
@@ -151,6 +217,8 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
                 env[node] = val
             elif node.name in weights and val.dtype == torch.bool:
                 env[node] = _bool_state(ep, weights[node.name], val)
+            elif node.name in sig.inputs_to_buffers and val.ndim == 0:
+                env[node] = _scalar_buffer(ep, em, weights[node.name], val)
             else:
                 kind = "weight" if node.name in weights else "input"
                 name = weights.get(node.name, node.name)
@@ -205,6 +273,16 @@ def _bool_state(ep: torch.export.ExportedProgram, name: str, val: torch.Tensor) 
     if t is None or t.is_meta:
         return Folded("opaque", tuple(val.shape), val.dtype)
     return fold.real(t)
+
+
+def _scalar_buffer(ep: torch.export.ExportedProgram, em: Emitter, name: str,
+                   val: torch.Tensor) -> Any:
+    """A 0-d buffer (Gemma's embedding scale) is a number: folded when it has a value; on the
+    meta device a weight of one element (a graph tensor has at least one mode) seen as 0-d."""
+    t = ep.state_dict.get(name, ep.constants.get(name))
+    if t is not None and not t.is_meta:
+        return fold.real(t)
+    return em.add_tensor(name, (1,), fold.ir_dtype(val.dtype), "weight").with_([])
 
 
 def _finish(em: Emitter, outputs: list[str]) -> Graph:

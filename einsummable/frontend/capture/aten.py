@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import UnsupportedOpError
-from ..scalar import Expr, call
+from ..scalar import Expr, call, const
 from .emit import Emitter
 from .fold import ir_dtype, scalar_of
 from .values import Folded, Lazy, View
@@ -102,6 +102,7 @@ _UNARY = {
     aten.tanh.default: lambda x: call("tanh", x), aten.sigmoid.default: lambda x: call("sigmoid", x),
     aten.relu.default: lambda x: call("relu", x), aten.silu.default: lambda x: call("silu", x),
     aten.reciprocal.default: lambda x: 1.0 / x, aten.square.default: lambda x: x * x,
+    aten.cos.default: lambda x: call("cos", x), aten.sin.default: lambda x: call("sin", x),
 }
 for _t, _f in _UNARY.items():
     register(_t)(lambda cx, node, a, kw, _f=_f: elementwise(cx, _f, a[0]))
@@ -145,18 +146,34 @@ def _clamp(cx, node, a, kw):
     return out
 
 
+def _torch_dtype(node: Any, i: int) -> torch.dtype | None:
+    arg = node.args[i] if len(node.args) > i else None
+    val = getattr(arg, "meta", {}).get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
 def _cast(cx, node, a, kw):
+    """Casts change nothing but the IR dtype; booleans are 0/1 numbers, so a cast to bool of an
+    integer tensor is min(|x|, 1) (a float's x != 0 has no join function)."""
     x = a[0]
     if isinstance(x, (int, float)):
         return x
-    if cx.dtype == x.dtype:
-        return x
     if isinstance(x, Folded):
+        return x
+    src = _torch_dtype(node, 0)
+    if cx.meta.dtype == torch.bool and src is not None and src != torch.bool:
+        if src.is_floating_point:
+            raise cx.fail("a float tensor cast to bool (x != 0) has no join function",
+                          fix="build the mask from integers or pass it in as 0/1 numbers")
+        return elementwise(cx, lambda e: call("min", call("abs", e), const(1.0)), x)
+    if cx.dtype == x.dtype:
         return x
     return elementwise(cx, lambda e: e, x)
 
 
-register(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default,
+# A device move is a cast that changes nothing here: the graph has no devices.
+register(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device,
+         aten.to.other, aten.type_as.default,
          aten.clone.default, aten.contiguous.default, aten.alias.default, aten.detach.default,
          aten.lift_fresh_copy.default)(
     lambda cx, node, a, kw: _cast(cx, node, a[:1], kw))
@@ -170,6 +187,23 @@ def _dropout(cx, node, a, kw):
     return a[0]
 
 
+# Booleans are 0/1 numbers: and is a product, or a maximum, not one minus.
+def _boolean(fn: Callable[..., Expr]) -> Handler:
+    def h(cx, node, a, kw):
+        if cx.meta.dtype != torch.bool:
+            raise cx.fail("bitwise logic on integers has no join function",
+                          fix="use it on boolean masks only")
+        return elementwise(cx, fn, *a[:2])
+    return h
+
+
+register(aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default)(
+    _boolean(lambda x, y: x * y))
+register(aten.__or__.Tensor, aten.bitwise_or.Tensor, aten.logical_or.default)(
+    _boolean(lambda x, y: call("max", x, y)))
+register(aten.bitwise_not.default, aten.logical_not.default)(_boolean(lambda x: 1.0 - x))
+
+
 def _triangle_to_additive(cond: Folded, neg_inf_where: bool) -> Folded:
     """where(cond, -inf, 0) for a symbolic triangle."""
     kind = cond.kind if neg_inf_where else ("drop" if cond.kind == "keep" else "keep")
@@ -178,11 +212,14 @@ def _triangle_to_additive(cond: Folded, neg_inf_where: bool) -> Folded:
     raise ValueError
 
 
-def _where(cx, cond, a, b):
-    """where(cond, a, b) for a constant condition."""
+def _where(cx, cond, a, b, cond_arg: int = 0):
+    """where(cond, a, b) for a constant condition, or a boolean one that depends on inputs
+    (the node's argument `cond_arg`)."""
     if not isinstance(cond, Folded):
-        raise cx.fail("a condition that depends on inputs has no join function",
-                      fix="build masks from constants (triu/tril/full/arange), not from data")
+        if _torch_dtype(cx.node, cond_arg) != torch.bool:
+            raise cx.fail("a condition that depends on inputs has no join function",
+                          fix="build masks from constants (triu/tril/full/arange), not from data")
+        return _where_mask(cx, cond, a, b)
     for other, inf, neg_inf_where in ((a, b, False), (b, a, True)):
         if isinstance(inf, (int, float)) and math.isinf(inf) and inf < 0:
             if cond.kind in ("keep", "drop"):
@@ -203,6 +240,25 @@ def _where(cx, cond, a, b):
                Folded("real", tuple(c.shape), torch.float32, 1 - c))
 
 
+def _where_mask(cx, cond, a, b):
+    """where(c, a, b) for a 0/1 mask c that depends on inputs (a padding mask): a + log(c)
+    where b is -inf (log 0 = -inf, log 1 = 0), b + log(1 - c) where a is, else
+    c a + (1 - c) b (a 0-d zero, transformers' torch.tensor(0.0), folds to a number)."""
+    a, b = (scalar_of(x) if isinstance(x, Folded) and scalar_of(x) is not None else x
+            for x in (a, b))
+    for x, inf, keep in ((a, b, True), (b, a, False)):
+        if isinstance(inf, (int, float)) and math.isinf(inf) and inf < 0:
+            if keep:
+                return elementwise(cx, lambda v, c: v + call("log", c), x, cond)
+            return elementwise(cx, lambda v, c: v + call("log", 1.0 - c), x, cond)
+    # stored, so that an attention chain reads the mask as a tensor of its own
+    if isinstance(a, (int, float)) and a == 0:
+        return cx.em.view(elementwise(cx, lambda c, q: (1.0 - c) * q, cond, b))
+    if isinstance(b, (int, float)) and b == 0:
+        return cx.em.view(elementwise(cx, lambda c, p: c * p, cond, a))
+    return cx.em.view(elementwise(cx, lambda c, p, q: c * p + (1.0 - c) * q, cond, a, b))
+
+
 @register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where_h(cx, node, a, kw):
     return _where(cx, a[0], a[1], a[2])
@@ -213,7 +269,7 @@ def _masked_fill(cx, node, a, kw):
     v = a[2]
     if isinstance(v, Folded):
         v = scalar_of(v)
-    return _where(cx, a[1], v, a[0])
+    return _where(cx, a[1], v, a[0], cond_arg=1)
 
 
 # ------------------------------------------------------------------------- reductions
@@ -311,10 +367,20 @@ def _layer_norm(cx, x, shape, w, b, eps):
 
 @register(aten.layer_norm.default)
 def _layer_norm_h(cx, node, a, kw):
+    """One "layer_norm" kernel over the last dim (as sdpa maps to one attention op); over
+    several dims, or with a bias but no weight, the spelled-out mean and variance."""
     w = a[2] if len(a) > 2 else kw.get("weight")
     b = a[3] if len(a) > 3 else kw.get("bias")
     eps = a[4] if len(a) > 4 else kw.get("eps", 1e-5)
-    return _layer_norm(cx, a[0], a[1], w, b, eps)[0]
+    if len(a[1]) != 1 or (w is None and b is not None):
+        return _layer_norm(cx, a[0], a[1], w, b, eps)[0]
+    x = cx.em.stored(a[0])
+    rank = len(x.shape)
+    ops = [(x, tuple(range(rank)))] + [(cx.em.view(t), (rank - 1,)) for t in (w, b)
+                                       if t is not None]
+    return cx.em.op(ops, list(x.shape), [[i] for i in range(rank)], join=None, agg=None,
+                    dtype=cx.dtype, fused="layer_norm", params=lambda _: (("eps", float(eps)),),
+                    splittable=list(range(rank - 1)), stem="layer_norm")
 
 
 @register(aten.native_layer_norm.default)

@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from . import values as V
+from . import masks, values as V
 from .aten import aten, elementwise, register
+from ..scalar import call
 from .emit import broadcast_shapes
 from .fold import is_causal
 from .values import Folded, Lazy, SliceVal, View
@@ -94,9 +95,10 @@ def _einsum(cx, node, a, kw):
                           [axis[c] for c in rhs], cx.dtype)
 
 
-@register(aten.embedding.default)
-def _embedding(cx, node, a, kw):
-    w, idx = cx.em.stored(a[0]), cx.em.stored(a[1])
+def _lookup(cx, table, index, dtype: str) -> View:
+    """out[i..., d...] = table[index[i...], d...]: the "embedding" kernel (its table's first
+    stored dim is the one looked up)."""
+    w, idx = cx.em.stored(table), cx.em.stored(index)
     r = len(idx.shape)
     axes = list(idx.shape) + list(w.shape)
     # w binds (v, d...), idx binds its own dims; output idx dims then d dims
@@ -104,8 +106,100 @@ def _embedding(cx, node, a, kw):
     ib = tuple(range(r))
     out = [[i] for i in range(r)] + [[r + 1 + j] for j in range(len(w.shape) - 1)]
     split = list(range(r)) + list(range(r + 1, r + len(w.shape)))
-    return cx.em.op([(w, wb), (idx, ib)], axes, out, join=None, agg=None, dtype=cx.dtype,
+    return cx.em.op([(w, wb), (idx, ib)], axes, out, join=None, agg=None, dtype=dtype,
                     fused="embedding", splittable=split)
+
+
+@register(aten.embedding.default)
+def _embedding(cx, node, a, kw):
+    return _lookup(cx, a[0], a[1], cx.dtype)
+
+
+def _take(cx, src, dim: int, index) -> View:
+    """src with dim `dim` replaced by index's dims: the lookup over src with `dim` moved first,
+    its output's dims moved back into place."""
+    v = cx.em.view(src)
+    rank = len(v.shape)
+    out = _lookup(cx, V.permute(v, [dim] + [d for d in range(rank) if d != dim]), index,
+                  cx.dtype)
+    r = len(index.shape)
+    rest = list(range(r, r + rank - 1))
+    return V.permute(out, rest[:dim] + list(range(r)) + rest[dim:])
+
+
+@register(aten.index_select.default)
+def _index_select(cx, node, a, kw):
+    return _take(cx, a[0], a[1] % len(a[0].shape), a[2])
+
+
+@register(aten.index.Tensor)
+def _index(cx, node, a, kw):
+    src, indices = a[0], list(a[1])
+    given = [i for i, t in enumerate(indices) if t is not None]
+    view = _index_view(cx, src, indices, given)
+    if view is not None:
+        return view
+    if len(given) != 1:
+        raise cx.fail("indexing with several index tensors at once",
+                      fix="index one dim at a time (x[idx] then [:, idx2]) or use index_select")
+    idx = indices[given[0]]
+    if node.args[1][given[0]].meta["val"].dtype == torch.bool:
+        raise cx.fail("a boolean mask index selects a data-dependent number of elements",
+                      fix="multiply by the mask (x * mask) or use torch.where instead")
+    return _take(cx, src, given[0], idx)
+
+
+def _index_view(cx, src, indices: list, given: list[int]) -> View | None:
+    """src[i_1, ..., i_m] where every index is an arange over its dim placed along one axis
+    of the broadcast index shape (transformers' padding_mask[batch_idx, kv_idx]): src's dims
+    moved to those axes, a view."""
+    if len(given) < 2 or given != list(range(given[0], given[-1] + 1)) \
+            or not all(isinstance(indices[i], Folded) and indices[i].kind == "real"
+                       for i in given):
+        return None
+    v = cx.em.view(src)
+    wide = broadcast_shapes(*(indices[i].shape for i in given))
+    at: dict[int, int] = {}  # index axis -> src dim
+    for i in given:
+        t = indices[i].tensor
+        shape = (1,) * (len(wide) - t.ndim) + tuple(t.shape)
+        axes = [p for p, n in enumerate(shape) if n > 1]
+        n = v.shape[i]
+        if not axes and n == 1 and t.numel() == 1 and int(t.reshape(())) in (0, -1):
+            continue  # picks the only element of a size-1 dim
+        if len(axes) != 1 or axes[0] in at or shape[axes[0]] != n \
+                or not torch.equal(t.reshape(-1).long(), torch.arange(n)):
+            return None
+        at[axes[0]] = i
+    middle = [v.dims[at[p]] if p in at else () for p in range(len(wide))]
+    return v.with_(list(v.dims[:given[0]]) + middle + list(v.dims[given[-1] + 1:]))
+
+
+@register(aten.gather.default)
+def _gather(cx, node, a, kw):
+    """out[p] = src[p with p_dim replaced by index[p]]. Where src does not vary off `dim`
+    (BERT's token-type buffer, expanded over the batch) this is a lookup in a 1-D table; else
+    the lookup is in src flattened, at index + (the flat offset of p's other coordinates)."""
+    src, idx = cx.em.view(a[0]), a[2]
+    dim = a[1] % len(src.shape)
+    base = {x for g in src.base_dims for x in g}
+    others = [d for d in range(len(src.shape)) if d != dim]
+    if all(not set(src.dims[d]) & base for d in others):
+        table = src.with_([src.dims[dim]])
+        return _lookup(cx, table, idx, cx.dtype)
+    if any(idx.shape[d] != src.shape[d] for d in others):
+        raise cx.fail("gather with an index smaller than the source off the gathered dim",
+                      fix="slice the source to the index's shape first")
+    n = src.shape[dim]
+    flat = cx.em.reshape(cx.em.stored(V.permute(src, others + [dim])), [math.prod(src.shape)])
+    lead = [src.shape[d] for d in others]
+    offset = (torch.arange(math.prod(lead), dtype=torch.int64) * n).reshape(lead + [1])
+    ix = V.permute(cx.em.view(idx), others + [dim])
+    at = cx.em.elementwise(lambda i, o: i + o, [ix, Folded("real", tuple(offset.shape),
+                                                             torch.int64, offset)], "int64")
+    out = _lookup(cx, flat, at, cx.dtype)
+    back = list(range(len(others)))
+    return V.permute(out, back[:dim] + [len(others)] + back[dim:])
 
 
 @register(aten.scaled_dot_product_attention.default)
@@ -124,19 +218,24 @@ def _sdpa(cx, node, a, kw):
         if mask.dtype == torch.bool:
             if mask.kind == "keep":
                 mask = Folded("causal", mask.shape, torch.float32)
-            elif mask.kind == "real":
-                add = torch.zeros(mask.shape).masked_fill(~mask.tensor, float("-inf"))
-                mask = Folded("real", tuple(add.shape), torch.float32, add)
+            elif mask.kind in ("real", "diag"):  # True attends: 0, else -inf
+                add = torch.zeros(mask.tensor.shape).masked_fill(~mask.tensor, float("-inf"))
+                mask = Folded(mask.kind, mask.shape, torch.float32, add)
             else:
                 raise cx.fail("a boolean attention mask of this kind",
                               fix="pass is_causal=True or an additive float mask")
         square = mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]
-        if square and (mask.kind == "causal" or mask.kind == "real" and is_causal(mask.tensor)):
+        if square and (mask.kind == "causal" or mask.kind == "real" and is_causal(mask.tensor)
+                       or mask.kind == "diag" and masks.is_causal(mask.tensor, k.shape[-2])):
             mask, causal = None, True
     if mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
         raise cx.fail(f"attention mask of type {type(mask).__name__}")
-    elif isinstance(mask, View) and mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
-        raise cx.fail("a boolean attention mask that depends on inputs")
+    if mask is not None and not isinstance(mask, Folded):
+        mask_node = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        if mask_node.meta["val"].dtype == torch.bool:  # a padding mask: True attends
+            mask = elementwise(cx, lambda m: call("log", m), mask)
+        elif mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
+            raise cx.fail("an integer attention mask", fix="pass a boolean or additive mask")
     nb = len(q.shape) - 2
     hq, hk = q.shape[-3] if nb else 1, k.shape[-3] if len(k.shape) > 2 else 1
     # axes: batch dims..., then Q, K, E, F; GQA splits the head axis into (kv heads, group)

@@ -32,7 +32,6 @@ from .values import (
     reshape,
 )
 
-FLOATS = ("float32", "float16", "bfloat16", "float64")
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 Binding = tuple[int | None, ...]  # per logical dim of an operand: its axis (None: size 1)
 
@@ -388,7 +387,9 @@ class Emitter:
         sizes = {i: s for i, s in enumerate(shape)}
         sizes[dim], sizes[rank], sizes[rank + 1] = K, L, J
         src_axes = list(range(dim)) + [dim, rank] + list(range(dim + 1, rank))
-        m = self.literal(mat, src.dtype if src.dtype in FLOATS else "float32", stem="select")
+        # the 0/1 matrix takes the source's dtype (int64 indices stay exact integers): an op's
+        # operands share its dtype
+        m = self.literal(mat, src.dtype, stem="select")
         groups = [[i] for i in range(dim)] + [[rank + 1, rank]] + [[i] for i in
                                                                     range(dim + 1, rank)]
         return self.contract([(v, src_axes), (m, [dim, rank + 1])], sizes, [], src.dtype,

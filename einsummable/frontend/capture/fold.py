@@ -4,8 +4,11 @@ Small ones are computed on the CPU by running the ATen op itself (meta-device fa
 re-targeted to the CPU). Big ones cannot be computed, so a few patterns are kept symbolic: a
 fill (`full`, `ones`, `zeros`), the causal mask `full(-inf).triu(1)`, and the boolean
 lower/upper triangles `ones(bool).tril()` / `.triu(1)`; views and prefix slices keep the pattern.
-A folded value that reaches a real op becomes a graph constant: the compact `causal_mask`
-constant when it is one (whatever its size), a scalar broadcast for a fill, else a literal.
+Masks built from positions (aranges compared, sliding windows, transformers' index
+comparisons) are kept as their diagonals at any size (`masks.py`). A folded value that reaches
+a real op becomes a graph constant: the compact `causal_mask` constant when it is one
+(whatever its size), a scalar broadcast for a fill, the "diagonal" constant for a mask along
+q - k, else a literal.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import torch
 
 from ...errors import UnsupportedOpError
 from ..ir import Constant
+from . import masks
 from .values import Folded
 
 COMPUTE_LIMIT = 1 << 22  # elements a folded value may have to be computed
@@ -44,7 +48,8 @@ NEW = {
 VIEWS = {_aten.unsqueeze.default, _aten.expand.default, _aten.view.default,
          _aten.reshape.default, _aten._unsafe_view.default, _aten.clone.default,
          _aten.alias.default, _aten.contiguous.default, _aten._to_copy.default,
-         _aten.to.dtype, _aten.detach.default, _aten.lift_fresh_copy.default}
+         _aten.to.dtype, _aten.to.device, _aten.to.dtype_layout, _aten.detach.default,
+         _aten.lift_fresh_copy.default}
 TRIANGLES = {"causal", "keep", "drop"}
 
 IR_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -66,6 +71,8 @@ def _tensor(f: Folded) -> torch.Tensor:
         raise OverflowError
     if f.kind == "fill":
         return torch.full(f.shape, f.fill, dtype=f.dtype)
+    if f.kind in ("diag", "affine"):
+        return masks.full(f)
     q, k = f.shape[-2], f.shape[-1]
     tri = torch.ones(q, k, dtype=torch.bool).tril()
     if f.kind == "causal":
@@ -136,6 +143,8 @@ def fold(target: Any, args: Sequence[Any], kwargs: dict, meta: Any) -> Any:
         sym = any(isinstance(a, Folded) and a.kind != "real" for a in args)
         if big or sym or target in LIKE or target in NEW:
             s = _symbolic(target, args, kwargs, shape, dtype)
+            if s is None and (big or sym):
+                s = masks.structured(target, args, kwargs, shape, dtype)
             if s is not None:
                 return s
             if big or target in LIKE or target in NEW:
@@ -170,6 +179,14 @@ def is_causal(t: torch.Tensor) -> bool:
     return bool(torch.equal(t, ref.expand(t.shape)))
 
 
+def _diagonal(f: Folded) -> torch.Tensor | None:
+    if f.kind == "diag":
+        return f.tensor
+    if f.kind == "real" and f.tensor.ndim >= 2 and min(f.shape[-2:]) > 1:
+        return masks.toeplitz(f.tensor)
+    return None
+
+
 def as_constant(f: Folded, source: str | None
                 ) -> tuple[Constant | torch.Tensor, tuple[int, ...], str, tuple[int, ...] | None]:
     """(constant or literal tensor, its stored shape, dtype, shape to broadcast it to)."""
@@ -179,6 +196,12 @@ def as_constant(f: Folded, source: str | None
         return Constant("causal_mask"), stored, dtype, (f.shape if f.shape != stored else None)
     if f.kind == "fill":
         return Constant("fill", (float(f.fill),)), f.shape, dtype, None
+    vec = _diagonal(f)
+    if vec is not None:  # a mask along q - k: runs of values, at any size
+        stored = tuple(f.shape[-2:])
+        return (masks.as_constant(vec, stored), stored,
+                "float32" if f.dtype == torch.bool else dtype,
+                f.shape if f.shape != stored else None)
     if f.kind in ("keep", "drop"):
         if f.numel > LITERAL_LIMIT:
             raise UnsupportedOpError(

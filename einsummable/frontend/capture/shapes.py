@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from . import values as V
 from .aten import as_view, aten, register
 from .emit import linear_coef
-from .values import Lazy, SliceVal, View
+from .values import Folded, Lazy, SliceVal, View
 
 # ------------------------------------------------------------------------- views
 
@@ -119,8 +121,10 @@ def _slice_of(cx, x, dim, start, stop):
     start, stop = max(0, min(start, n)), max(0, min(stop, n))
     if start == 0 and stop == n:
         return v
-    if stop <= start:
-        raise cx.fail("an empty slice")
+    if stop <= start:  # nothing to read: an empty constant, which `cat` drops
+        shape = list(v.shape)
+        shape[dim] = 0
+        return Folded("real", tuple(shape), cx.meta.dtype, torch.empty(shape, dtype=cx.meta.dtype))
     return SliceVal(v, dim, start, stop)
 
 
@@ -196,6 +200,12 @@ def _cat(cx, node, a, kw):
     dim = (a[1] if len(a) > 1 else kw.get("dim", 0)) % len(cx.shape)
     if len(xs) == 1:
         return xs[0]
+    if all(x is xs[0] for x in xs) and not isinstance(xs[0], SliceVal):
+        # cat((f, f)) (rotary tables) repeats f: a broadcast view, no op
+        v = V.unsqueeze(cx.em.view(xs[0]), dim)
+        shape = list(v.shape)
+        shape[dim] = len(xs)
+        return cx.em.reshape(V.expand(v, shape), list(cx.shape))
     # group pieces by the view they slice; each group is one einsum with a small matrix
     groups: list[tuple[View, list[tuple[int, int, float, int]]]] = []
     at = 0
