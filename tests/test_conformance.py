@@ -7,7 +7,8 @@ held to the module itself in float32 (relative error <= 1e-5). The LLaMA decoder
 its rotary table in forward, under the sdpa and the eager attention implementations; Mistral's
 sliding window is shorter than the sequence, so it masks; Qwen2 has grouped-query heads and
 q/k/v biases; BERT runs with and without token-type ids; the causal LM is checked end to end
-(embedding, layers, final norm, lm_head: the logits), also with a padding attention_mask.
+(embedding, layers, final norm, lm_head: the logits), also with a padding attention_mask;
+timm's ViT starts with its patch-embedding convolution (a windowed op).
 """
 from __future__ import annotations
 
@@ -92,6 +93,17 @@ def _bert(token_types: bool):
     return transformers.BertModel(config), (_ids(4),), kwargs
 
 
+def _timm_vit():
+    """timm's VisionTransformer: patch-embedding convolution, class token, position
+    embedding, pre-norm encoder blocks (fused attention, GELU MLP), head."""
+    import timm
+    module = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
+                               patch_size=8, embed_dim=HIDDEN, depth=LAYERS, num_heads=HEADS,
+                               num_classes=10)
+    images = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    return module, (images,), {}
+
+
 def _padded(build):
     """The model with an attention_mask input: the last sequence 5 tokens shorter."""
     def padded():
@@ -114,6 +126,7 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple, dict]]] = {
     "bert-token-types": lambda: _bert(True),
     "llama-causal-lm": _decoder("LlamaForCausalLM", "LlamaConfig"),
     "llama-causal-lm-padded": _padded(_decoder("LlamaForCausalLM", "LlamaConfig")),
+    "timm-vit": _timm_vit,
 }
 
 
