@@ -80,3 +80,22 @@ def test_bad_input_is_named():
         parse_overrides(["num_hidden_layers"])
     assert parse_overrides(["a=2", "b=true", "c=1e-5", "d=silu", "e=[1,2]"]) == \
         {"a": 2, "b": True, "c": 1e-5, "d": "silu", "e": [1, 2]}
+
+
+def test_plan_command_plans_a_transformers_layer(capsys):
+    """`einsummable plan --hf TYPE --hf-set ...`: built, captured (rotary and mask computed in
+    forward) and planned; the attention and the norms fused."""
+    import json
+
+    from einsummable.cli import main as cli
+    sets = ["hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
+            "num_key_value_heads=2", "vocab_size=128", "pad_token_id=null"]
+    args = ["plan", "--hf", "qwen2", "--topology", "cpu4", "--batch", "2", "--seq", "16",
+            "--dtype", "float32", "--mip-only", "--no-cache", "--json"]
+    for s in sets:
+        args += ["--hf-set", s]
+    assert cli(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective_s"] > 0 and out["gap"] == 0.0
+    choice = out["choice"]
+    assert "attention" in choice and sum(k.startswith("input:") for k in choice) >= 7
