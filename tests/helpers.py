@@ -142,9 +142,12 @@ def random_choice(graph, n: int, rng: random.Random) -> dict:
 
 
 def inputs_for(graph, seed: int) -> dict:
-    """Seeded standard-normal values for every graph input."""
+    """Seeded standard-normal values for every graph input, in the input's dtype (the
+    executors refuse a cast that changes values: `frontend/inputs.py`)."""
+    from einsummable.frontend.reference import TORCH_DTYPES
     gen = torch.Generator().manual_seed(seed)
-    return {t.name: torch.randn(t.shape, generator=gen) for t in graph.inputs}
+    return {t.name: torch.randn(t.shape, generator=gen).to(TORCH_DTYPES[t.dtype])
+            for t in graph.inputs}
 
 
 # The optimizer tests enumerate every choice: keep the product of candidate counts near this.

@@ -19,6 +19,8 @@ import torch
 from ...errors import RuntimeFault
 from ...planning.plan import Plan
 from ..lowering import Lowered, lower
+from ...frontend.inputs import conform_inputs
+from ...frontend.reference import TORCH_DTYPES
 from .dist import WAIT_TIMEOUT_S, execute, rank_blocks
 
 
@@ -54,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
     if args.inputs:
-        inputs = torch.load(args.inputs)
+        inputs = conform_inputs(low.graph, torch.load(args.inputs))
     else:
         gen = torch.Generator().manual_seed(args.seed)
-        inputs = {t.name: torch.randn(t.shape, generator=gen) for t in low.graph.inputs}
+        inputs = {t.name: torch.randn(t.shape, generator=gen).to(TORCH_DTYPES[t.dtype])
+                  for t in low.graph.inputs}
     try:
         outs = execute(low, rank, rank_blocks(low, rank, inputs), device)
     except RuntimeFault as e:
