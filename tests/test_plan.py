@@ -113,3 +113,10 @@ def test_explain_names_modes_by_role_and_ops_by_source_line():
     rows = explain(plan, strategies=False).splitlines()
     linear = next(r for r in rows if r.startswith(g.ops[-1].name + " "))
     assert linear.endswith(where(plan, g.ops[-1].name)) and where(plan, g.ops[-1].name)
+    # the module that ran an op and the user's line (the model's file, not torch's linear.py)
+    wo = next(op.name for op in g.ops if op.source and op.source.endswith(" in attention.wo"))
+    assert re.fullmatch(r"attention\.wo \(llama\.py:\d+\)", where(plan, wo))
+    # Megatron splits attention by heads, and says so
+    tp = splits_in_words(named_plan(g, "cpu4", "megatron-tp"))
+    attention = next(op.name for op in g.ops if op.fused == "attention")
+    assert "heads/" in tp[attention], tp[attention]

@@ -54,8 +54,8 @@ _SPLIT = re.compile(r"\b([A-Za-z_]\w*)/(\d+)")
 
 def splits_in_words(plan: Plan) -> dict[str, str]:
     """Per node, its split per level with each mode named by its role in the model (batch,
-    seq, hidden, feature, inner: `planning.candidates.roles`) instead of its letter:
-    "gpu: batch/4 seq/2". Where two split modes of one op share a role the letter stays
+    seq, hidden, heads and head_dim where a hidden dim is read per head, feature, inner:
+    `planning.candidates.roles`) instead of its letter: "gpu: batch/4 seq/2". Where two split modes of one op share a role the letter stays
     beside it ("seq.q/2 seq.k/2")."""
     r = roles(plan.graph)
     out = {}
@@ -64,6 +64,7 @@ def splits_in_words(plan: Plan) -> dict[str, str]:
             names = input_roles(plan.graph.tensor(k[len(INPUT_PREFIX):]), r)
         else:
             names = dict(r.modes.get(k, {}))
+        names = _heads(plan, k, names)
         label = str(cand)
         split = [m for m, _ in _SPLIT.findall(label) if m in names]
         shared = {names[m] for m in split if sum(names[x] == names[m] for x in split) > 1}
@@ -78,15 +79,41 @@ def splits_in_words(plan: Plan) -> dict[str, str]:
     return out
 
 
+def _heads(plan: Plan, key: str, names: dict[str, str]) -> dict[str, str]:
+    """Where an activation the op reads or writes holds a hidden (or feature) mode beside an
+    inner one, its hidden dim is read per head: the outer mode is heads, the inner head_dim.
+    Weights are left out (a projection's weight holds its output features beside them)."""
+    op = next((o for o in plan.graph.ops if o.name == key), None)
+    if op is None:
+        return names
+    out = dict(names)
+    for tensor, dims in ((op.output, op.out_dims), *zip(op.inputs, op.in_dims)):
+        if plan.graph.tensor(tensor).kind == "weight":
+            continue
+        modes = [m for g in dims for m in g]
+        if not any(names.get(m) == "inner" for m in modes):
+            continue
+        for m in modes:
+            if names.get(m) in ("hidden", "feature"):
+                out[m] = "heads"
+            elif names.get(m) == "inner":
+                out[m] = "head_dim"
+    return out
+
+
 def where(plan: Plan, key: str) -> str:
-    """The user's line an op came from ("model.py:120"), or "" for inputs and built ops."""
+    """Where an op came from: its module path and line, "layers.0.attention.wo (model.py:120)"
+    for a captured op (capture keeps "file:line in module" as its source), the line alone for
+    one built by hand; "" for graph inputs."""
     if key.startswith(INPUT_PREFIX):
         return ""
     op = next((o for o in plan.graph.ops if o.name == key), None)
     if op is None or not op.source:
         return ""
-    path, _, line = op.source.rpartition(":")
-    return f"{os.path.basename(path)}:{line}" if path else op.source
+    at, _, module = op.source.partition(" in ")
+    path, _, line = at.rpartition(":")
+    line = f"{os.path.basename(path)}:{line}" if path else at
+    return f"{module} ({line})" if module else line
 
 
 def _judged_lines(plan: Plan) -> list[str]:

@@ -155,6 +155,17 @@ def _module_of(node: torch.fx.Node) -> str:
     return f" in module {path or '(root)'} ({cls.rpartition('.')[2]})"
 
 
+def _in_module(src: str | None, node: torch.fx.Node) -> str | None:
+    """An op's source as the graph keeps it: "file:line in layers.0.attention.wo", the
+    innermost submodule that ran it named by its path (none for the root module's own code),
+    so errors and plans name both (`optimizer/report.where`)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path = list(stack.values())[-1][0] if stack else ""
+    if src is None or not path:
+        return src
+    return f"{src} in {path}"
+
+
 # What to do about ops with no join-agg mapping, by their ATen name (without the overload).
 _ADVICE = {
     **dict.fromkeys(("gt", "lt", "ge", "le", "eq", "ne", "logical_and", "logical_or"),
@@ -236,7 +247,7 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
         if node.target in IGNORED:
             continue
         src, code = _source(node)
-        em.source, em.stem = src, node.name
+        em.source, em.stem = _in_module(src, node), node.name
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
         if node.target is not operator.getitem and (
@@ -258,7 +269,7 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
         except Exception as e:  # noqa: BLE001 - a mapping bug must still name the line
             raise _unsupported(node, src, code, f"{type(e).__name__}: {e}") from e
         if isinstance(value, (Lazy, SliceVal)) and value.name is None:
-            value = dataclasses.replace(value, name=node.name, source=src)
+            value = dataclasses.replace(value, name=node.name, source=em.source)
         users = [u for u in node.users if u.target not in IGNORED]
         if isinstance(value, Lazy) and len(users) > 1:
             value = em.view(value)
