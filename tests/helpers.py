@@ -341,3 +341,17 @@ def ring4():
         "nodes": {"count": 1, "devices_per_node": 4, "device_type": "cpu"},
         "links": [{"kind": "nvlink", "pairs": [[0, 1], [1, 2], [2, 3], [3, 0]], "bw": 1e8,
                    "latency": 1e-5}]}, "ring4")
+
+
+class LlamaLayerWithRotary(torch.nn.Module):
+    """transformers' LlamaDecoderLayer with its LlamaRotaryEmbedding run in forward."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers.models.llama import modeling_llama as ml
+        self.layer = ml.LlamaDecoderLayer(config, 0)
+        self.rotary = ml.LlamaRotaryEmbedding(config)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+        return self.layer(x, position_embeddings=self.rotary(x, pos), attention_mask=None)

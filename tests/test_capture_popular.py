@@ -4,7 +4,6 @@ built in forward, transformers models with their KV cache. Each capture is check
 module itself through the reference evaluator (float32, relative error <= 1e-5)."""
 from __future__ import annotations
 
-import conftest  # noqa: F401  (transformers imports torchvision: see conftest)
 import pytest
 import torch
 from torch import nn
@@ -12,7 +11,7 @@ from torch import nn
 from einsummable.errors import UnsupportedOpError
 from einsummable.frontend.capture import trace
 
-from helpers import Fn, capture_check as check, rand as r
+from helpers import Fn, LlamaLayerWithRotary, capture_check as check, rand as r
 
 
 class Rotary(nn.Module):
@@ -106,19 +105,6 @@ def test_cat_of_a_tensor_with_itself_is_a_view():
 def _transformers():
     return pytest.importorskip("transformers")
 
-
-class LlamaLayerWithRotary(nn.Module):
-    """transformers' LlamaDecoderLayer with its LlamaRotaryEmbedding run in forward."""
-
-    def __init__(self, config) -> None:
-        super().__init__()
-        from transformers.models.llama import modeling_llama as ml
-        self.layer = ml.LlamaDecoderLayer(config, 0)
-        self.rotary = ml.LlamaRotaryEmbedding(config)
-
-    def forward(self, x):
-        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        return self.layer(x, position_embeddings=self.rotary(x, pos), attention_mask=None)
 
 
 def test_7b_transformers_layer_plans_like_the_preset():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-import conftest  # noqa: F401  (transformers imports torchvision: see conftest)
 import pytest
 import torch
 from torch.utils import _pytree as pytree
@@ -26,7 +25,7 @@ from einsummable.backend.runtime.local import run_local
 from einsummable.frontend.capture import bind, trace
 from einsummable.optimizer.api import optimize
 
-from helpers import rel_err
+from helpers import LlamaLayerWithRotary, rel_err
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,19 +41,6 @@ def _decoder_config(cls, **extra):
                max_position_embeddings=4 * SEQ, pad_token_id=0, bos_token_id=1,
                eos_token_id=2, **extra)
 
-
-class LlamaLayerWithRotary(torch.nn.Module):
-    """A LlamaDecoderLayer with its LlamaRotaryEmbedding computed in forward."""
-
-    def __init__(self, config) -> None:
-        super().__init__()
-        from transformers.models.llama import modeling_llama as ml
-        self.layer = ml.LlamaDecoderLayer(config, 0)
-        self.rotary = ml.LlamaRotaryEmbedding(config)
-
-    def forward(self, x):
-        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        return self.layer(x, position_embeddings=self.rotary(x, pos), attention_mask=None)
 
 
 def _ids(seed: int) -> torch.Tensor:

@@ -344,6 +344,19 @@ def _log_softmax(cx, node, a, kw):
     return cx.em.elementwise(lambda y, mm, z: y - mm - call("log", z), [x, m, s], cx.dtype)
 
 
+
+def normalized(eps: float, scaled: bool, shifted: bool):
+    """The join of a normalisation: (y - mean) * rsqrt(var + eps), times the weight and plus
+    the bias where they are given (the operands after y, mean and var, in that order)."""
+    def body(y, m, v, *rest):
+        out = (y - m) * call("rsqrt", v + float(eps))
+        if scaled:
+            out = out * rest[0]
+        if shifted:
+            out = out + rest[-1]
+        return out
+    return body
+
 def _layer_norm(cx, x, shape, w, b, eps):
     dims = list(range(len(x.shape) - len(shape), len(x.shape)))
     n = math.prod(shape)
@@ -353,14 +366,7 @@ def _layer_norm(cx, x, shape, w, b, eps):
     vals: list[Any] = [x, mu, var]
     ws = [t for t in (w, b) if t is not None]
 
-    def body(y, m, v, *rest):
-        out = (y - m) * call("rsqrt", v + float(eps))
-        if w is not None:
-            out = out * rest[0]
-        if b is not None:
-            out = out + rest[-1]
-        return out
-    out = cx.em.elementwise(body, vals + ws, cx.dtype)
+    out = cx.em.elementwise(normalized(eps, w is not None, b is not None), vals + ws, cx.dtype)
     rstd = cx.em.elementwise(lambda v: call("rsqrt", v + float(eps)), [var], cx.dtype)
     return out, mu, rstd
 

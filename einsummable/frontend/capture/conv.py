@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from ..ir import validate_op
-from ..scalar import call
 from ..windowed import conv_op, pool_op
 from . import values as V
-from .aten import Ctx, aten, register
+from .aten import Ctx, aten, normalized, register
 from .values import View
 
 
@@ -191,14 +190,8 @@ def _batch_norm_eval(cx: Ctx, x, w, b, mean, var, eps) -> Any:
     stats = [_channel(cx, mean, rank), _channel(cx, var, rank)]
     extra = [_channel(cx, t, rank) for t in (w, b) if t is not None]
 
-    def body(y, m, s, *rest):
-        out = (y - m) * call("rsqrt", s + float(eps))
-        if w is not None:
-            out = out * rest[0]
-        if b is not None:
-            out = out + rest[-1]
-        return out
-    return cx.em.elementwise(body, [x] + stats + extra, cx.dtype)
+    return cx.em.elementwise(normalized(eps, w is not None, b is not None), [x] + stats + extra,
+                             cx.dtype)
 
 
 @register(aten.batch_norm.default)
