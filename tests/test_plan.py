@@ -120,3 +120,5 @@ def test_explain_names_modes_by_role_and_ops_by_source_line():
     tp = splits_in_words(named_plan(g, "cpu4", "megatron-tp"))
     attention = next(op.name for op in g.ops if op.fused == "attention")
     assert "heads/" in tp[attention], tp[attention]
+    up = next(op.name for op in g.ops if op.source and op.source.endswith(" in feed_forward.w1"))
+    assert "ffn/" in tp[up], tp[up]  # and the MLP by its inner width

@@ -53,17 +53,22 @@ _SPLIT = re.compile(r"\b([A-Za-z_]\w*)/(\d+)")
 
 
 def splits_in_words(plan: Plan) -> dict[str, str]:
-    """Per node, its split per level with each mode named by its role in the model (batch,
-    seq, hidden, heads and head_dim where a hidden dim is read per head, feature, inner:
-    `planning.candidates.roles`) instead of its letter: "gpu: batch/4 seq/2". Where two split modes of one op share a role the letter stays
-    beside it ("seq.q/2 seq.k/2")."""
+    """Per node, its split per level with each mode named by its role in the model
+    (`planning.candidates.roles`) instead of its letter: "gpu: batch/4 seq/2". Roles: batch,
+    seq, hidden; heads and head_dim where a hidden dim is read per head (`_heads`); ffn for
+    the graph's widest feature where it is wider than the hidden size (the MLP's inner width);
+    feature for other output features; inner. Where two split modes of one op share a role
+    the letter stays beside it ("seq.q/2 seq.k/2")."""
     r = roles(plan.graph)
+    ffn = _ffn_width(plan, r.modes)
     out = {}
     for k, cand in plan.choice:
         if k.startswith(INPUT_PREFIX):
             names = input_roles(plan.graph.tensor(k[len(INPUT_PREFIX):]), r)
         else:
-            names = dict(r.modes.get(k, {}))
+            op = next(o for o in plan.graph.ops if o.name == k)
+            names = {m: "ffn" if role == "feature" and op.size[m] == ffn else role
+                     for m, role in r.modes.get(k, {}).items()}
         names = _heads(plan, k, names)
         label = str(cand)
         split = [m for m, _ in _SPLIT.findall(label) if m in names]
@@ -77,6 +82,19 @@ def splits_in_words(plan: Plan) -> dict[str, str]:
             return f"{role}.{m}/{parts}" if role in shared else f"{role}/{parts}"
         out[k] = _SPLIT.sub(word, label)
     return out
+
+
+def _ffn_width(plan: Plan, modes: Mapping[str, Mapping[str, str]]) -> int | None:
+    """The widest output feature of the graph where it is wider than every hidden mode (an
+    MLP's inner width: LLaMA-7B's 11008 beside 4096), else None."""
+    hidden, feature = 0, 0
+    for op in plan.graph.ops:
+        for m, role in modes.get(op.name, {}).items():
+            if role == "hidden":
+                hidden = max(hidden, op.size[m])
+            elif role == "feature":
+                feature = max(feature, op.size[m])
+    return feature if feature > hidden else None
 
 
 def _heads(plan: Plan, key: str, names: dict[str, str]) -> dict[str, str]:
