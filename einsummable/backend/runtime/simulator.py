@@ -104,10 +104,6 @@ class SimResult:
                 f"{[round(c * 1e3, 3) for c in self.compute_s]} ms; busiest links {links or '-'}")
 
 
-def _numel(shape) -> int:
-    return math.prod(shape)
-
-
 class _Outbox:
     """One rank's communication engine (`outbox.py` is the executor's): each send leaves once
     its source is there, while the rank goes on computing, one send per peer and stream at a
@@ -224,7 +220,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
 
     def nbytes(r: int, b: int) -> int:
         elem, shape = shapes[r][b]
-        return elem * _numel(shape)
+        return elem * math.prod(shape)
 
     batch_opens = [p2p_batches(p.instrs) for p in low.programs]
     # a weight prefetch's batches launch on the prefetch stream of a device that has one
@@ -254,14 +250,14 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         if isinstance(ins, Reduce):
             return copy((len(ins.inputs) + 1) * nbytes(r, ins.out))
         if isinstance(ins, Assemble):  # only the parts it copies: receives landed in place
-            copied = sum(_numel(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
+            copied = sum(math.prod(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
             return copy(2 * copied)
         if isinstance(ins, Const):
             return copy(nbytes(r, ins.out))
         if isinstance(ins, Pack):
             return copy(2 * nbytes(r, ins.out))
         if isinstance(ins, Unpack):  # views are free; parts landing in a buffer are copied
-            copied = sum(_numel(shape) for _, shape, into, _ in ins.parts if into is not None)
+            copied = sum(math.prod(shape) for _, shape, into, _ in ins.parts if into is not None)
             return copy(2 * copied * DTYPE_BYTES[ins.dtype]) if copied else None
         if isinstance(ins, Send) and ins.src in strided[r]:
             return copy(2 * nbytes(r, ins.src))  # pack kernel: read, write
@@ -305,7 +301,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             shapes[r][ins.out] = shapes[r][ins.inputs[0]]
         elif isinstance(ins, Pack):
             shapes[r][ins.out] = (DTYPE_BYTES[ins.dtype],
-                                  (sum(_numel(shapes[r][b][1]) for b in ins.srcs),))
+                                  (sum(math.prod(shapes[r][b][1]) for b in ins.srcs),))
         elif isinstance(ins, Unpack):
             for out, shape, _, _ in ins.parts:
                 shapes[r][out] = (DTYPE_BYTES[ins.dtype], shape)
@@ -381,7 +377,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         """A prefetched weight's copies on r's copy stream (module docstring, assemble);
         readers of `ins.out` wait for the flow as for a receive."""
         dev = topo.devices[r]
-        copied = sum(_numel(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
+        copied = sum(math.prod(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
         tag = -1 - len(copies)  # apart from the program's tags
         copies.append(tag)
         rate = COPY_MEMORY_SHARE * memory_rate(dev, cost_model.mem_efficiency) / 2
