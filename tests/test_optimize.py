@@ -442,3 +442,23 @@ def test_cheapest_layout_is_the_exhaustive_argmin_with_fewer_prices():
         if all(d == 0 for _, d in cells):  # exact bounds: only the winner is priced
             assert priced == [got]
     check()
+
+
+def test_a_plan_over_a_devices_memory_is_never_returned():
+    """At 20 MB a device, the fastest strategies (FSDP, data parallel: 1.10x the cap) do not
+    fit; they used to come back as the warm start's answer, 'optimal'. Now the answer fits,
+    from optimize and from the choice by simulation alike."""
+    from einsummable.optimizer.memory import fits
+    from einsummable.optimizer.model import plan_model
+    from einsummable.selection.choose import choose_plan
+    g = mlp(2048, d=1024, f=4096)
+    topo = synthetic(4, mem_bytes=20e6)
+    model = build_model(g, topo, Options("sharded", True))
+    fsdp, _ = named_assignment(model, "fsdp")
+    assert not fits(model.memory, model.capacities, fsdp)  # the case is the one it claims
+    for plan in (optimize(g, topo, steady_state=True, cache=False),
+                 choose_plan(g, topo, steady_state=True, cache=False)):
+        assert plan_model(plan).memory is None  # a fixed model keeps only overfilled rows
+        idx = {k: next(i for i, c in enumerate(model.nodes[k].cands) if c == plan.chosen[k])
+               for k in model.nodes}
+        assert fits(model.memory, model.capacities, idx)

@@ -18,6 +18,7 @@ from ..planning.placement import Candidate, one_device_choice
 from ..planning.plan import Named, Options, Origin, Plan, Solved
 from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
+from .memory import fits
 from .model import Model, build_model, fixed_nodes
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
@@ -182,6 +183,8 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
                     and time.perf_counter() >= deadline:
                 break  # out of time: the strategies scored so far warm-start the solve
             a, _ = named_assignment(model, name)
+            if not fits(model.memory, model.capacities, a):
+                continue  # over a device's memory: not a plan of this model, nor a warm start
             named.append(a)
             obj = objective_s(model, a)
             if best_named is None or obj < best_named[0]:

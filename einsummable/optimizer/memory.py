@@ -96,3 +96,18 @@ def memory_rows(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
     return memory, tuple(float(topology.devices[d].mem_bytes) for d, _ in keep)
 
 
+
+
+# A row may sit this far (relative) over its capacity and still fit: the solver keeps rows
+# feasible to about 1e-7 of their size, so its own answers must pass.
+FIT_REL_TOL = 1e-6
+
+
+def fits(memory: Mapping[str, Sequence[Sequence[float]]] | None,
+         capacities: Sequence[float] | None, assignment: Mapping[str, int]) -> bool:
+    """Whether a choice (node -> candidate index) keeps every kept (device, step) row of the
+    liveness model within its capacity. No rows: every choice fits."""
+    if memory is None or capacities is None:
+        return True
+    return all(sum(memory[k][i][c] for k, c in assignment.items()) <= cap * (1 + FIT_REL_TOL)
+               for i, cap in enumerate(capacities))

@@ -11,8 +11,9 @@ is
 ties going to the earlier member of P (the MIP's optimum first). Every member is a plan of
 the same graph and topology under the same weights option (a strategy that needs other
 weights, data parallel's replicas under "sharded", is not a legal plan of these options and
-is left out; so is one device when the graph's memory does not fit there), so p* is as legal as the MIP's optimum and never simulates slower than any
-strategy considered. The MIP's bound stays a proof on the objective's model; that p* is best
+is left out; so is one device when the graph's memory does not fit there, and any strategy
+that overfills a device's memory), so p* is as legal as the MIP's optimum and never simulates
+slower than any strategy considered. The MIP's bound stays a proof on the objective's model; that p* is best
 holds only among P, and the report says so (`Plan.judged`).
 
 T_sim is `simulator.block_time` (one block in a stack) for a steady-state plan, the time of
@@ -39,7 +40,8 @@ from ..frontend.ir import Graph
 from ..optimizer.api import check_time_limit, named_plan, optimize, resolve_options
 from ..optimizer.model import build_model
 from ..errors import InfeasibleError, PlanError
-from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS
+from ..optimizer.memory import fits
+from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS, named_assignment
 from ..planning.plan import Considered, Judged, Options, Plan
 from ..topology import load_topology
 
@@ -110,6 +112,9 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
                 continue
         else:
             shared = shared or build_model(graph, topology, options)
+            if not fits(shared.memory, shared.capacities, named_assignment(shared, label)[0]):
+                left_out.append((label, "over a device's memory"))  # not a legal plan here
+                continue
             plan = named_plan(graph, topology, label, options=options, model=shared)
         plans.append((label, plan))
     times = _simulate_all([p for _, p in plans], jobs, measure)
