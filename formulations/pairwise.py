@@ -206,6 +206,10 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
         lp.addConstraint(pulp.LpConstraint(expr, senses[s.sense], f"side_{idx}_{safe}", s.rhs))
 
     if capacities is not None and cp.memory is not None and mode != "feasible":
+        # Excess mode: δ is the bytes every row may exceed its capacity by, in units of the
+        # common scale (so δ = 1 is `common` bytes). In bytes, its coefficients (1/common,
+        # about 1e-8) sat where HiGHS's tolerances hide them: it returned a far larger
+        # excess than the least, as "optimal".
         delta = lp.add_variable("delta") if mode == "excess" else None
         # One common scale for excess mode keeps δ comparable across resources.
         common = max([1.0] + [abs(c) for c in capacities] + [float(np.abs(m).max()) for m in cp.memory])
@@ -214,14 +218,14 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
             div = common if mode == "excess" else max(1.0, abs(cap))
             terms = [(x[(i, c)], float(cp.memory[i][k, c]) / div) for i in active for c in cp.domain[i] if cp.memory[i][k, c] != 0]
             if delta is not None:
-                terms.append((delta, -1.0 / div))
+                terms.append((delta, -1.0))
             elif not terms:
                 if const > cap + 1e-7 * max(1.0, abs(cap)):
                     bad = bad or "memory"
                 continue
             lp.addConstraint(pulp.LpConstraint(_affine(terms), pulp.LpConstraintLE, f"mem_{k}", (cap - const) / div))
         if delta is not None:
-            obj = [(delta, 1.0 / common)]
+            obj = [(delta, 1.0)]
     if not obj:  # keep one variable in the objective so every backend accepts the model
         first = next(iter(x.values()), None)
         if first is not None:

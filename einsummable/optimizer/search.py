@@ -19,6 +19,7 @@ from .policy import DEFAULT_POLICY, SearchPolicy
 # Where a solve spends its time (each solve, each pricing), at INFO: for a user asking why a
 # plan is slow to come (`experiments/optimizer_bench.py --phases`).
 log = logging.getLogger(__name__)
+MB = 1e6  # bytes in the infeasibility message
 
 
 def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str = "highs",
@@ -245,11 +246,16 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str):
     try:
         return fm.solve(problem, solver=solver, time_limit_s=time_limit_s)
     except fm.Infeasible as e:
-        err = InfeasibleError(
-            f"no plan fits: {e}", fix="use more devices, weights='sharded', or a smaller batch"
-            if e.min_capacity is None else
-            f"each device needs at least {e.min_capacity / 1e9:.3f} GB; use more devices, "
-            "weights='sharded', or a smaller batch or sequence")
+        if e.min_capacity is None:
+            err = InfeasibleError(f"no plan fits: {e}",
+                                  fix="use more devices, weights='sharded', or a smaller batch")
+        else:  # the least any plan needs on its fullest device (the solver's excess MIP)
+            err = InfeasibleError(
+                f"no plan fits the devices' memory: the plan that needs least still needs "
+                f"{e.min_capacity / MB:.1f} MB on a device that has {e.capacity / MB:.1f} MB"
+                + (" (at most: the search hit its time limit)" if "at most" in str(e) else ""),
+                fix=f"give each device at least {e.min_capacity / MB:.1f} MB; or use more "
+                    "devices, weights='sharded', or a smaller batch or sequence")
         err.min_capacity = e.min_capacity
         raise err from None
     except fm.FormulationError as e:
