@@ -3,6 +3,7 @@ their string hashing (PYTHONHASHSEED differs per process, so an order that leans
 dict-of-hash iteration shows)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ sys.stdout.write(plan.to_json())
 def _plan_bytes(topology: str, seq: int, seed: int) -> str:
     run = subprocess.run([sys.executable, "-c", SCRIPT, topology, str(seq)],
                          capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)})
+                         env={**os.environ, "PYTHONHASHSEED": str(seed)})
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout
 

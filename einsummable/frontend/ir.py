@@ -292,11 +292,12 @@ class Graph:
     def tensor(self, name: str) -> TensorInfo:
         return self._by_name[name]
 
+    @cached_property
+    def _op_by_name(self) -> dict[str, Op]:
+        return {op.name: op for op in self.ops}
+
     def op(self, name: str) -> Op:
-        for op in self.ops:
-            if op.name == name:
-                return op
-        raise KeyError(name)
+        return self._op_by_name[name]
 
     def producer(self, tensor: str) -> Op | None:
         return self._producer.get(tensor)

@@ -66,10 +66,9 @@ def splits_in_words(plan: Plan) -> dict[str, str]:
         if k.startswith(INPUT_PREFIX):
             names = input_roles(plan.graph.tensor(k[len(INPUT_PREFIX):]), r)
         else:
-            op = next(o for o in plan.graph.ops if o.name == k)
-            names = {m: "ffn" if role == "feature" and op.size[m] == ffn else role
-                     for m, role in r.modes.get(k, {}).items()}
-        names = _heads(plan, k, names)
+            op = plan.graph.op(k)
+            names = _heads(plan, op, {m: "ffn" if role == "feature" and op.size[m] == ffn
+                                      else role for m, role in r.modes.get(k, {}).items()})
         label = str(cand)
         split = [m for m, _ in _SPLIT.findall(label) if m in names]
         shared = {names[m] for m in split if sum(names[x] == names[m] for x in split) > 1}
@@ -97,13 +96,10 @@ def _ffn_width(plan: Plan, modes: Mapping[str, Mapping[str, str]]) -> int | None
     return feature if feature > hidden else None
 
 
-def _heads(plan: Plan, key: str, names: dict[str, str]) -> dict[str, str]:
+def _heads(plan: Plan, op, names: dict[str, str]) -> dict[str, str]:
     """Where an activation the op reads or writes holds a hidden (or feature) mode beside an
     inner one, its hidden dim is read per head: the outer mode is heads, the inner head_dim.
     Weights are left out (a projection's weight holds its output features beside them)."""
-    op = next((o for o in plan.graph.ops if o.name == key), None)
-    if op is None:
-        return names
     out = dict(names)
     for tensor, dims in ((op.output, op.out_dims), *zip(op.inputs, op.in_dims)):
         if plan.graph.tensor(tensor).kind == "weight":
@@ -125,8 +121,8 @@ def where(plan: Plan, key: str) -> str:
     one built by hand; "" for graph inputs."""
     if key.startswith(INPUT_PREFIX):
         return ""
-    op = next((o for o in plan.graph.ops if o.name == key), None)
-    if op is None or not op.source:
+    op = plan.graph.op(key)
+    if not op.source:
         return ""
     at, _, module = op.source.partition(" in ")
     path, _, line = at.rpartition(":")

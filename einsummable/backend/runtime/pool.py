@@ -46,11 +46,16 @@ assert FROZEN_AFTER_S < WAIT_TIMEOUT_S
 OUTPUTS, TIME, TRACE = "outputs", "time", "trace"
 
 
-def _beat(rank: int, results, stop: threading.Event) -> None:
-    """The worker's heartbeat: its clock (monotonic clocks are the machine's, so the parent
-    can compare) on the results queue every BEAT_S."""
-    while not stop.wait(BEAT_S):
-        results.put((rank, "beat", time.monotonic()))
+def _beat(rank: int, results, busy: threading.Event) -> None:
+    """The worker's heartbeat while it has a job: its clock (monotonic clocks are the
+    machine's, so the parent can compare) on the results queue every BEAT_S. An idle worker
+    is silent, so an idle pool's queue does not fill; the parent only listens during a job,
+    and a worker stopped while idle never takes its next job, so it is named all the same."""
+    while True:
+        busy.wait()
+        time.sleep(BEAT_S)
+        if busy.is_set():
+            results.put((rank, "beat", time.monotonic()))
 
 
 def _failure(e: BaseException) -> str:
@@ -77,8 +82,8 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
         if no_collectives:
             forbid_collectives()
         results.put((rank, "ready", None))
-        stop = threading.Event()
-        threading.Thread(target=_beat, args=(rank, results, stop), daemon=True).start()
+        busy = threading.Event()
+        threading.Thread(target=_beat, args=(rank, results, busy), daemon=True).start()
     except Exception as e:  # noqa: BLE001
         results.put((rank, "error", f"rank {rank} could not join the group: {e}"))
         return
@@ -96,6 +101,7 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
         if job is None:
             break
         key, low_json, new_weights, acts, fault_after, want = job
+        busy.set()
         try:
             if low_json is not None:
                 plans[key] = Lowered.from_json(low_json)
@@ -118,6 +124,8 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
                 results.put((rank, "done", {k: v.cpu() for k, v in outs.items()}))
         except Exception as e:  # noqa: BLE001
             results.put((rank, "error", _failure(e)))
+        finally:
+            busy.clear()
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001

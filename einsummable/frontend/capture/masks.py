@@ -199,7 +199,7 @@ def _prefix(x: Folded, args: Sequence[Any], shape: tuple[int, ...],
         return Folded("diag", shape, dtype, x.tensor)
     if start not in (0, None) or step != 1:
         return None
-    (q, k), (q2, k2) = _qk(x.shape), _qk(shape)
+    (_, k), (q2, k2) = _qk(x.shape), _qk(shape)
     return Folded("diag", shape, dtype, x.tensor[k - k2: k - 1 + q2])
 
 
