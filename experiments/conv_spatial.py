@@ -121,4 +121,5 @@ def run(cfg: dict, stream=None) -> tuple[list[Row], dict, str]:
     title = f"{cfg['name']}: convolution stacks at batch 1 on {topo.name} (simulated)"
     text = harness.format_table(rows, REFERENCE, title)
     text += "\n\n" + harness.format_summary(harness.summarize(rows, REFERENCE), REFERENCE)
+    text += "\n" + harness.format_headline(harness.headline(rows, REFERENCE), REFERENCE)
     return rows, {"plans": plans}, text
