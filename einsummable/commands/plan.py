@@ -25,7 +25,7 @@ from ..models.huggingface import PARTS, hf, parse_overrides
 from ..models.presets import preset
 from ..optimizer.api import named_plan, optimize
 from ..optimizer.report import explain
-from ..selection.choose import choose_plan
+from ..selection.choose import DEFAULT_POOL, choose_plan
 from ..topology import load_topology
 from .progress import progress
 
@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mip-only", action="store_true",
                    help="return the MIP's optimum as it is, without simulating it beside the "
                         "named strategies and keeping the fastest")
+    p.add_argument("--pool", type=int, default=DEFAULT_POOL,
+                   help="plans of the MIP the simulator judges: the optimum and the next ones "
+                        "that split a time-heavy op otherwise (1: the optimum alone)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes simulating the plans at once (pays on large machines: a "
                         "LLaMA-7B block on h100x8x2 takes tens of seconds a plan)")
@@ -124,7 +127,7 @@ def _make(args: argparse.Namespace):
     else:
         plan = choose_plan(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
                            steady_state=args.steady_state, cache=not args.no_cache,
-                           jobs=args.jobs)
+                           jobs=args.jobs, pool=args.pool)
     return plan, graph, topo
 
 

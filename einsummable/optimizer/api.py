@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from formulations.problem import Solution, gap_of
 
@@ -22,6 +23,7 @@ from .memory import fits
 from .model import Model, build_model, fixed_nodes
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
+from .pool import differ_cut, meets
 from .pricing import EdgePricer
 from .search import floor_s, solve_model
 
@@ -136,6 +138,24 @@ def _one_device_plan(graph: Graph, topology, options: Options) -> Plan:
                  Named(ONE_DEVICE))
 
 
+def _strategies(model: Model, deadline: float | None = None,
+                cuts: Sequence = ()) -> list[tuple[float, dict[str, int], str]]:
+    """(objective, assignment, name) of each named strategy that is a plan of this model:
+    legal under its weights option, within every device's memory, left by `cuts`. Out of
+    time (`deadline`), those scored so far (at least one)."""
+    out: list[tuple[float, dict[str, int], str]] = []
+    for name in STRATEGIES:
+        if STRATEGY_WEIGHTS.get(name, model.options.weights) != model.options.weights:
+            continue
+        if out and deadline is not None and time.perf_counter() >= deadline:
+            break  # out of time: the strategies scored so far warm-start the solve
+        a, _ = named_assignment(model, name)
+        if not fits(model.memory, model.capacities, a) or not meets(cuts, a):
+            continue  # over a device's memory: not a plan of this model, nor a warm start
+        out.append((objective_s(model, a), a, name))
+    return out
+
+
 def optimize(graph: Graph, topology, time_limit_s: float | None = None,
              weights: str | None = None, steady_state: bool | None = None, *,
              options: Options | None = None, solver: str = "highs",
@@ -172,24 +192,10 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
         if hit is not None:
             return hit
     model = build_model(graph, topology, options, pricer=pricer)
-    warm = None
-    best_named = None
-    named: list[dict[str, int]] = []
-    if warm_start:
-        for name in STRATEGIES:
-            if STRATEGY_WEIGHTS.get(name, options.weights) != options.weights:
-                continue
-            if best_named is not None and deadline is not None \
-                    and time.perf_counter() >= deadline:
-                break  # out of time: the strategies scored so far warm-start the solve
-            a, _ = named_assignment(model, name)
-            if not fits(model.memory, model.capacities, a):
-                continue  # over a device's memory: not a plan of this model, nor a warm start
-            named.append(a)
-            obj = objective_s(model, a)
-            if best_named is None or obj < best_named[0]:
-                best_named = (obj, a, name)
-        warm = best_named[1] if best_named else None
+    scored = _strategies(model, deadline) if warm_start else []
+    named = [a for _, a, _ in scored]
+    best_named = min(scored, key=lambda x: x[0], default=None)
+    warm = best_named[1] if best_named else None
     left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
     if left == 0.0 and best_named is not None:
         # out of time before the search: the best strategy scored, with the floor as bound
@@ -209,3 +215,58 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
         store(path, plan)
     return plan
 
+
+
+def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None = None, *,
+                  options: Options | None = None, solver: str = "highs",
+                  cache: bool | str | os.PathLike = True, **shortcuts) -> tuple[Plan, ...]:
+    """The MIP's optimum (`optimize`) and up to `size` - 1 plans after it, the k-th optimal
+    among the plans that split some time-heavy op otherwise than each plan before it
+    (`pool.py`), each solve under `time_limit_s`. Fewer come back when the cuts leave no
+    plan. Each later plan's bound is the optimum's: a proof over every plan, so its gap says
+    how far it is from the best objective. Cached as `optimize` caches, one file a plan."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise PlanError(f"the pool size must be a positive integer, got {size!r}",
+                        fix="pass 1 for the optimum alone, or e.g. 3")
+    topology = load_topology(topology)
+    options = resolve_options(options, **shortcuts)
+    first = optimize(graph, topology, time_limit_s, options=options, solver=solver,
+                     cache=cache)
+    plans = [first]
+    model: Model | None = None
+    key = cache_key(graph, topology, options, time_limit_s, solver) if cache else None
+    for rank in range(2, size + 1):
+        path = None
+        if key is not None:
+            # keyed by the plans before it too: its cuts are theirs
+            before = hashlib.sha256("".join(p.to_json() for p in plans).encode()).hexdigest()
+            d = cache_dir(None if cache is True else cache)
+            path = d / f"{key}-pool{rank}-{before[:16]}.json"
+            hit = load_cached(path, graph, topology, options, time_limit_s, solver, rank)
+            if hit is not None:
+                plans.append(hit)
+                continue
+        t0 = time.perf_counter()
+        model = model or build_model(graph, topology, options)
+        cuts = [differ_cut(model, {k: model.index(k, c) for k, c in p.choice}, f"pool {i}")
+                for i, p in enumerate(plans, 1)]
+        if any(c is None for c in cuts):
+            break  # a plan with no time-heavy op: nothing for a next plan to differ in
+        scored = _strategies(model, cuts=cuts)
+        best_named = min(scored, key=lambda x: x[0], default=None)
+        try:
+            sol = solve_model(model, time_limit_s=time_limit_s, solver=solver,
+                              warm_start=best_named[1] if best_named else None,
+                              incumbents=[a for _, a, _ in scored], side=cuts)
+        except InfeasibleError:
+            break  # every plan splits the heavy ops as one before it: the pool is complete
+        bound = first.bound_s if first.bound_s is not None else sol.bound
+        bound = min(bound, sol.objective)
+        plan = _plan(model, sol.assignment, sol.objective, bound, gap_of(sol.objective, bound),
+                     time.perf_counter() - t0,
+                     Solved(solver, sol.status, time_limit_s,
+                            best_named[2] if best_named else None, rank))
+        if path is not None:
+            store(path, plan)
+        plans.append(plan)
+    return tuple(plans)

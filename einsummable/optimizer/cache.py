@@ -64,13 +64,14 @@ def _digest(text: str) -> str:
 
 
 def load_cached(path: Path, graph: Graph, topology, options: Options, time_limit_s,
-                solver: str) -> Plan | None:
-    """The cached plan, or None when there is none or it fails a check (module docstring)."""
+                solver: str, pool_rank: int = 1) -> Plan | None:
+    """The cached plan, or None when there is none or it fails a check (module docstring);
+    `pool_rank`: the plan's rank in the MIP's pool (`api.optimize_pool`)."""
     try:
         raw = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    why = _check(raw, graph, topology, options, time_limit_s, solver)
+    why = _check(raw, graph, topology, options, time_limit_s, solver, pool_rank)
     if isinstance(why, str):
         log.warning("cached plan %s not served (%s): solving again", path.name, why)
         return None
@@ -78,7 +79,7 @@ def load_cached(path: Path, graph: Graph, topology, options: Options, time_limit
 
 
 def _check(raw: str, graph: Graph, topology, options: Options, time_limit_s,
-           solver: str) -> Plan | str:
+           solver: str, pool_rank: int = 1) -> Plan | str:
     """The plan, or why it is not served."""
     try:
         doc = json.loads(raw)
@@ -97,8 +98,8 @@ def _check(raw: str, graph: Graph, topology, options: Options, time_limit_s,
         return "it was solved under other options"
     origin = plan.origin
     if not isinstance(origin, Solved) or origin.solver != solver \
-            or origin.time_limit_s != time_limit_s:
-        return "it is not an optimized plan of this solver and time limit"
+            or origin.time_limit_s != time_limit_s or origin.pool_rank != pool_rank:
+        return "it is not an optimized plan of this solver, time limit and pool rank"
     n = len(topology.devices)
     if any(not 0 <= d < n for _, c in plan.choice for ds in c.devices for d in ds):
         return "it names devices the topology does not have"

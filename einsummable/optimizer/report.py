@@ -170,6 +170,10 @@ def explain(plan: Plan, strategies: bool = True) -> str:
                 if plan.bound_s is not None and plan.gap is not None else "")
              + (f", solved in {plan.solve_s:.2f} s" if plan.solve_s else "")
              + (" (stopped at the time limit: the best plan found)" if stopped else "")]
+    if isinstance(plan.origin, Solved) and plan.origin.pool_rank > 1:
+        lines.append(f"the MIP's plan {plan.origin.pool_rank}: optimal among the plans that "
+                     f"split some time-heavy op otherwise than the {plan.origin.pool_rank - 1} "
+                     "before it; its bound is the optimum's, a bound on every plan")
     if plan.judged is not None:
         lines.extend(_judged_lines(plan))
     if options.overlap:

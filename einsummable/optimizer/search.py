@@ -8,7 +8,7 @@ import time
 from typing import Mapping, Sequence
 
 import formulations as fm
-from formulations.problem import Solution, gap_of
+from formulations.problem import LinearConstraint, Solution, gap_of
 
 from ..errors import InfeasibleError, SolverError
 from .lp_phase import LpPhase, lp_phase
@@ -24,13 +24,18 @@ MB = 1e6  # bytes in the infeasibility message
 
 def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str = "highs",
                 warm_start: Mapping[str, int] | None = None, incumbents: Sequence = (),
-                policy: SearchPolicy = DEFAULT_POLICY):
+                policy: SearchPolicy = DEFAULT_POLICY, side: Sequence[LinearConstraint] = ()):
     """Solve; errors of `formulations` become InfeasibleError / SolverError. With overlap,
     `solve_overlap` minimises A + max(C, W); `incumbents` (assignments, e.g. the named
-    strategies) are scored too. Edge cells are priced lazily (`solve_lazily`)."""
+    strategies) are scored too. Edge cells are priced lazily (`solve_lazily`). `side`:
+    linear constraints over the choices (`pool.differ_cut`); the warm start and incumbents
+    must meet them."""
     def solve(make, warm, limit):
-        return solve_lazily(model, make, warm, lambda p, t: _solve_problem(p, t, solver), limit,
-                            policy)
+        def constrained(w, pen):
+            problem = make(w, pen)
+            return dataclasses.replace(problem, side=problem.side + tuple(side))
+        return solve_lazily(model, constrained if side else make, warm,
+                            lambda p, t: _solve_problem(p, t, solver), limit, policy)
     if model.options.overlap:
         return solve_overlap(model, solve, incumbents=tuple(incumbents),
                              time_limit_s=time_limit_s)

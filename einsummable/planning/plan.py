@@ -75,15 +75,21 @@ class Options:
 @dataclass(frozen=True)
 class Solved:
     """An optimized plan: the solver, how its solve ended ("optimal" or "time_limit"), the
-    time limit it ran under, and the named strategy that warm-started it."""
+    time limit it ran under, the named strategy that warm-started it, and its rank in the
+    MIP's pool (1: the optimum; k: optimal among the plans that split some time-heavy op
+    otherwise than each of the k - 1 before it, `optimizer/pool.py`)."""
     solver: str
     status: str
     time_limit_s: float | None = None
     warm_start: str | None = None
+    pool_rank: int = 1
 
     def to_dict(self) -> dict:
-        return {"solver": self.solver, "status": self.status,
-                "time_limit_s": self.time_limit_s, "warm_start": self.warm_start}
+        d = {"solver": self.solver, "status": self.status,
+             "time_limit_s": self.time_limit_s, "warm_start": self.warm_start}
+        if self.pool_rank != 1:  # the optimum's files stay as they were
+            d["pool_rank"] = self.pool_rank
+        return d
 
 
 @dataclass(frozen=True)
@@ -136,14 +142,15 @@ class Judged:
                       tuple(Considered(str(c["label"]), float(c["objective_s"]),
                                        float(c["simulated_s"])) for c in d["considered"]),
                       tuple((str(a), str(b)) for a, b in d.get("left_out", ())))
-_ORIGIN_KEYS = ("solver", "status", "time_limit_s", "warm_start", "strategy", "inexact_ops")
+_ORIGIN_KEYS = ("solver", "status", "time_limit_s", "warm_start", "pool_rank", "strategy",
+                "inexact_ops")
 
 
 def _origin(d: Mapping[str, Any]) -> Origin:
     if "strategy" in d:
         return Named(str(d["strategy"]), tuple(d.get("inexact_ops") or ()))
     return Solved(str(d.get("solver", "highs")), str(d.get("status", "optimal")),
-                  d.get("time_limit_s"), d.get("warm_start"))
+                  d.get("time_limit_s"), d.get("warm_start"), int(d.get("pool_rank", 1)))
 
 
 @dataclass(frozen=True)
