@@ -230,8 +230,11 @@ def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None 
                         fix="pass 1 for the optimum alone, or e.g. 3")
     topology = load_topology(topology)
     options = resolve_options(options, **shortcuts)
+    # one pricer for every solve: the exchanges the optimum's search priced are not priced
+    # again for the plans after it (on h100x8x2's llama-7b block, most of a solve's time)
+    pricer = EdgePricer(topology, options.cost)
     first = optimize(graph, topology, time_limit_s, options=options, solver=solver,
-                     cache=cache)
+                     cache=cache, pricer=pricer)
     plans = [first]
     model: Model | None = None
     key = cache_key(graph, topology, options, time_limit_s, solver) if cache else None
@@ -247,7 +250,7 @@ def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None 
                 plans.append(hit)
                 continue
         t0 = time.perf_counter()
-        model = model or build_model(graph, topology, options)
+        model = model or build_model(graph, topology, options, pricer=pricer)
         cuts = [differ_cut(model, {k: model.index(k, c) for k, c in p.choice}, f"pool {i}")
                 for i, p in enumerate(plans, 1)]
         if any(c is None for c in cuts):
