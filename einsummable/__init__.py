@@ -29,7 +29,7 @@ from .errors import (
                      UnsupportedOpError,
 )
 from .frontend.builder import Builder, TensorHandle
-from .frontend.capture import bind, trace
+from .frontend.capture import StepGraph, bind, bind_step, trace, trace_step
 from .frontend.einsum import parse_einsum
 from .frontend.ir import Constant, Graph, Op, TensorInfo, make_op
 from .frontend.reference import evaluate, evaluate_op
@@ -47,8 +47,9 @@ __all__ = [
     "RuntimeFault", "ShapeError", "SolverError", "TopologyError", "UnknownFunctionError",
     "UnsupportedOpError",
     # front end
-    "Builder", "Constant", "Graph", "Op", "TensorHandle", "TensorInfo", "bind", "evaluate",
-    "evaluate_op", "make_op", "models", "parse_einsum", "trace",
+    "Builder", "Constant", "Graph", "Op", "StepGraph", "TensorHandle", "TensorInfo", "bind",
+    "bind_step", "evaluate", "evaluate_op", "make_op", "models", "parse_einsum", "trace",
+    "trace_step",
     # the machine
     "Topology", "load_topology",
     # planning and the optimizer

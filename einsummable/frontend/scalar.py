@@ -43,6 +43,7 @@ FUNCTIONS: dict[str, tuple[int, TorchFn]] = {
     "silu": (1, torch.nn.functional.silu),
     "sigmoid": (1, torch.sigmoid),
     "tanh": (1, torch.tanh),
+    "erf": (1, torch.erf),  # exact GELU's derivative: backward passes
     "cos": (1, torch.cos),
     "sin": (1, torch.sin),
     "gelu": (1, _gelu_exact),

@@ -95,6 +95,8 @@ def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
     k = min(len(by_slices), max(worth, 1))
     chunks = _row_major_cuts(x, k) if k > 1 else None
     if chunks is None:
+        if not x:  # a 0-d tensor (a loss): one element, folded at one reader
+            return [(x, by_slices[0])]
         dim = max(range(len(x)), key=lambda i: (x[i][1] - x[i][0], -i))
         lo, hi = x[dim]
         k = min(k, hi - lo)

@@ -40,7 +40,7 @@ from .aten import IGNORED, TABLE, Ctx, supported_ops
 from .emit import Emitter
 from .values import TENSORISH, Folded, Lazy, SliceVal
 
-__all__ = ["trace", "bind", "supported_ops"]
+__all__ = ["trace", "bind", "supported_ops", "trace_step", "bind_step", "StepGraph"]
 
 _MAX_DECOMPOSITION_ROUNDS = 8
 
@@ -92,6 +92,90 @@ def _trace(module: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, An
             table[target] = decomp
             program = ep.run_decompositions(table)
     raise UnsupportedOpError("decomposition did not converge", op=type(module).__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepGraph:
+    """One training step's forward and backward as one graph (`trace_step`): `loss` is the
+    output holding the loss, `grads` pairs each parameter with the output holding its
+    gradient (the graph's outputs are the loss, then the gradients in this order)."""
+    graph: Graph
+    loss: str
+    grads: tuple[tuple[str, str], ...]
+
+
+class _LossStep(torch.nn.Module):
+    """module and loss_fn as one module whose output is the loss: what the joint export
+    differentiates. Its inputs are the module's arguments, then the targets."""
+
+    def __init__(self, module: torch.nn.Module, loss_fn: Any, n_args: int) -> None:
+        super().__init__()
+        self.module = module
+        self.n_args = n_args
+        object.__setattr__(self, "loss_fn", loss_fn)  # not a submodule: no names of its own
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        out = self.module(*inputs[:self.n_args])
+        return self.loss_fn(out, *inputs[self.n_args:])
+
+
+def trace_step(module: torch.nn.Module, args: Sequence[Any], loss_fn: Any,
+               targets: Sequence[Any], *, fuse: bool = True) -> StepGraph:
+    """Capture `loss_fn(module(*args), *targets)` and its gradient with respect to every
+    parameter as one graph (torch.export's joint forward-backward, lowered as `trace`
+    lowers a forward). The backward's kernels are joins like the forward's: matmuls with
+    transposed operands, elementwise derivatives, sums over the batch for the weights'
+    gradients. Inputs: the module's arguments, the targets and the parameters, named as
+    `trace` names them; bind them with `bind_step`."""
+    from torch.export.experimental import _export_forward_backward
+    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
+    targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
+    step = _LossStep(module, loss_fn, len(args))
+    try:
+        with _without_cache(module):
+            ep = torch.export.export(step, args + targets, strict=False)
+        joint = _export_forward_backward(ep)
+    except EinsummableError:
+        raise
+    except Exception as e:  # noqa: BLE001 - export failures become library errors
+        raise UnsupportedOpError(
+            f"torch.export could not capture the training step: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}", op=type(module).__name__,
+            fix="the loss must be a scalar tensor computed from the module's output and the "
+                "targets; make forward exportable (no data-dependent control flow)") from e
+    graph = _capture(joint, strip="module.")
+    if fuse:
+        graph = fuse_graph(graph)
+    from torch.export.graph_signature import OutputKind
+    loss, grads = None, []
+    for spec, out in zip(joint.graph_signature.output_specs, graph.outputs):
+        if spec.kind == OutputKind.LOSS_OUTPUT:
+            loss = out
+        elif spec.kind == OutputKind.GRADIENT_TO_PARAMETER:
+            grads.append((spec.target.removeprefix("module."), out))
+    return StepGraph(graph, loss, tuple(grads))
+
+
+def bind_step(step: StepGraph, module: torch.nn.Module, args: Sequence[Any],
+              targets: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """The inputs of a `trace_step` graph: the arguments and targets in order, the module's
+    parameters and buffers by name."""
+    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
+    targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
+    flat = [t for t in pytree.tree_leaves(args + targets) if isinstance(t, torch.Tensor)]
+    user = [t for t in step.graph.inputs if t.kind == "input"]
+    if len(user) != len(flat):
+        raise EinsummableError(f"the step takes {len(user)} tensors (arguments, then targets), "
+                               f"got {len(flat)}", fix="pass the args and targets it was traced with")
+    out = {t.name: v for t, v in zip(user, flat)}
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(dict(module.named_buffers(remove_duplicate=False)))
+    for t in step.graph.weights:
+        if t.name not in state:
+            raise EinsummableError(f"weight {t.name!r} is not a parameter or buffer of the module",
+                                   fix="bind with the module that was traced")
+        out[t.name] = state[t.name].detach()
+    return out
 
 
 @contextlib.contextmanager
@@ -212,7 +296,8 @@ def _has_tensor(x: Any) -> bool:
                for v in pytree.tree_leaves(x))
 
 
-def _capture(ep: torch.export.ExportedProgram) -> Graph:
+def _capture(ep: torch.export.ExportedProgram, strip: str = "") -> Graph:
+    """The program as a Graph; `strip`: a prefix taken off parameter names (a wrapper's)."""
     sig = ep.graph_signature
     weights = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
     lifted = sig.inputs_to_lifted_tensor_constants
@@ -233,6 +318,8 @@ def _capture(ep: torch.export.ExportedProgram) -> Graph:
             else:
                 kind = "weight" if node.name in weights else "input"
                 name = weights.get(node.name, node.name)
+                if strip and kind == "weight" and name.startswith(strip):
+                    name = name[len(strip):]
                 env[node] = em.add_tensor(name, tuple(val.shape), fold.ir_dtype(val.dtype), kind)
             continue
         if node.op == "output":

@@ -103,6 +103,7 @@ _UNARY = {
     aten.relu.default: lambda x: call("relu", x), aten.silu.default: lambda x: call("silu", x),
     aten.reciprocal.default: lambda x: 1.0 / x, aten.square.default: lambda x: x * x,
     aten.cos.default: lambda x: call("cos", x), aten.sin.default: lambda x: call("sin", x),
+    aten.erf.default: lambda x: call("erf", x),
 }
 for _t, _f in _UNARY.items():
     register(_t)(lambda cx, node, a, kw, _f=_f: elementwise(cx, _f, a[0]))

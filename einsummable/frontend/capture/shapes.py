@@ -230,6 +230,37 @@ def _cat(cx, node, a, kw):
     return cx.em.elementwise(body, terms, cx.dtype)
 
 
+@register(aten.slice_scatter.default)
+def _slice_scatter(cx, node, a, kw):
+    """base with src written over base[start:stop] along dim (backward passes write a slice's
+    gradient into zeros this way): one gather of src placed at start, plus, where the base is
+    not zeros, a gather of the base's rows outside the slice; the same small-matrix einsums
+    as `cat`."""
+    base, src = a[0], a[1]
+    dim = (a[2] if len(a) > 2 else kw.get("dim", 0)) % len(base.shape)
+    n = base.shape[dim]
+    start = a[3] if len(a) > 3 else kw.get("start")
+    stop = a[4] if len(a) > 4 else kw.get("end")
+    step = a[5] if len(a) > 5 else kw.get("step", 1)
+    if step != 1:
+        raise cx.fail("strided slice_scatter (step != 1) is not supported")
+    start = 0 if start is None else (start + n if start < 0 else start)
+    stop = n if stop is None else (stop + n if stop < 0 else stop)
+    start, stop = max(0, min(start, n)), max(0, min(stop, n))
+    if stop - start != src.shape[dim]:
+        raise cx.fail(f"slice_scatter of {src.shape[dim]} rows into [{start}, {stop})")
+    if stop <= start:
+        return base
+    placed = cx.em.gather(cx.em.view(src), dim, [(0, stop - start, 1.0, start)], n)
+    if isinstance(base, Folded) and base.kind == "fill" and base.fill == 0:
+        return placed
+    kept = [(lo, hi, 1.0, lo) for lo, hi in ((0, start), (stop, n)) if hi > lo]
+    if not kept:
+        return placed
+    rest = cx.em.gather(cx.em.view(base), dim, kept, n)
+    return cx.em.elementwise(lambda x, y: x + y, [rest, placed], cx.dtype)
+
+
 @register(aten.stack.default)
 def _stack(cx, node, a, kw):
     dim = (a[1] if len(a) > 1 else kw.get("dim", 0)) % len(cx.shape)
