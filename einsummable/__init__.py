@@ -15,6 +15,7 @@ from . import models
 from .backend.lowering import Lowered, lower
 from .backend.runtime import run, simulate
 from .compiler import compile
+from .training import TrainStep, compile_train
 from .errors import (
                      DTypeError,
                      EinsummableError,
@@ -57,5 +58,5 @@ __all__ = [
     "decompositions", "explain",
     "named_plan", "optimize", "plan_cost", "tuples",
     # back end and the whole path
-    "Lowered", "compile", "lower", "run", "simulate",
+    "Lowered", "TrainStep", "compile", "compile_train", "lower", "run", "simulate",
 ]
