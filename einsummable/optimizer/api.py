@@ -151,7 +151,7 @@ def _strategies(model: Model, deadline: float | None = None,
             break  # out of time: the strategies scored so far warm-start the solve
         a, _ = named_assignment(model, name)
         if not fits(model.memory, model.capacities, a) or not meets(cuts, a):
-            continue  # over a device's memory: not a plan of this model, nor a warm start
+            continue  # over a device's memory or cut off: not a plan here, nor a warm start
         out.append((objective_s(model, a), a, name))
     return out
 
@@ -214,7 +214,6 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     if path is not None:
         store(path, plan)
     return plan
-
 
 
 def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None = None, *,
