@@ -118,6 +118,7 @@ class _Synthesis:
         self.multipath = False  # large blocks in chunks over every short path (`paths.py`)
         self.path_loads: dict[str, float] = {}  # seconds of bytes on each link resource
         self.path_blocks = 1  # blocks the program sends, sharing the transfer budget
+        self.flat = False  # every transfer in the round after its source is ready (`send`)
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -132,14 +133,27 @@ class _Synthesis:
         """Emit a transfer whose source is ready after round `ready` (along `hops`, else the
         topology's route); returns its round. `within`: the region of the buffer `reg` is
         cut from on src, where `reg` may be a strided part of it, which the sender packs
-        into one contiguous message first (`Exchange.packs`)."""
+        into one contiguous message first (`Exchange.packs`). In a flat program a relayed
+        transfer is one transfer per hop, each in the round after the one before (`flat`)."""
         if hops is None:
             hops, res = self.route(src, dst)
         else:
             res = tuple(self.routes.link(x, y, self.info.name).resource
                         for x, y in zip(hops, hops[1:]))
+        if self.flat and len(hops) > 2:
+            rnd = ready
+            for i, (a, c) in enumerate(zip(hops, hops[1:])):
+                rnd = self._place(a, c, reg, rnd, slices, (a, c), res[i:i + 1],
+                                  within if i == 0 else None)
+            return rnd
+        return self._place(src, dst, reg, ready, slices, hops, res, within)
+
+    def _place(self, src: int, dst: int, reg: Region, ready: int, slices: tuple[int, ...],
+               hops: tuple[int, ...], res: tuple[str, ...], within: Region | None) -> int:
+        """Put one transfer into the earliest round after `ready` in which no resource on its
+        route is taken by another route (a flat program: the round after `ready`)."""
         rnd = ready + 1
-        while any(self._busy.get((r, rnd), hops) != hops for r in res):
+        while not self.flat and any(self._busy.get((r, rnd), hops) != hops for r in res):
             rnd += 1
         for r in res:
             self._busy[(r, rnd)] = hops
@@ -354,6 +368,10 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     found = [plain]
     if optimized and slices > 1:
         found += [program(pipelined, pipeline=True), program(plain_copy, direct_folds=True)]
+    if optimized and any(len(t.hops) > 2 for t in plain.transfers):  # relays: flat too
+        found.append(program(plain_copy, flat=True))
+        if slices > 1:
+            found.append(program(plain_copy, direct_folds=True, flat=True))
     if trees:
         found += [program(tree_or_plain, trees=True), program(scatter)]
     devices = _devices(produced, remote)
