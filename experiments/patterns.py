@@ -15,7 +15,9 @@ Three figures per pattern and size, all simulated at the topology file's link ra
   replayed on the simulator's network (what every plan's price is made of);
 - NCCL: `collectives.collective_time` at the links' full rates (`PEAK`: the same rates the
   exchange gets; the achieved-fraction model is for the baselines of the block tables), the
-  best of its ring and hierarchical forms;
+  best of its ring and hierarchical forms, with its kernel's launch and its fused reductions
+  at the memory rate einsummable's folds run at (`collectives.kernel_of`): the launch and the
+  fold bytes einsummable's programs are charged, NCCL's charged too (since 2026-12-07);
 - bound: the bytes a device must receive over its ports' ingress capacity, and where the
   topology has several nodes the bytes a node must receive over its NICs (`bandwidth_bound`).
 """
@@ -31,7 +33,7 @@ from einsummable.planning.exchange import synthesize
 from einsummable.planning.placement import Piece
 from einsummable.planning.timing import exchange_time
 
-from .collectives import PEAK, collective_time, fabric
+from .collectives import PEAK, collective_time, fabric, kernel_of
 
 PATTERNS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")
 COLUMNS = 4096  # the tensor's inner extent: rows of 8 KiB in fp16
@@ -162,7 +164,7 @@ def run_pattern(kind: str, nbytes: int, topology) -> PatternRow:
     ex = synthesize(p.info, p.produced, p.needs, p.agg, topology)
     seconds = exchange_time(ex, topology)
     synth = time.perf_counter() - t0
-    nccl = collective_time(kind, p.info.nbytes, fabric(topology), PEAK)
+    nccl = collective_time(kind, p.info.nbytes, fabric(topology), PEAK, kernel_of(topology))
     return PatternRow(kind, p.info.nbytes, seconds, nccl,
                       bandwidth_bound(kind, p.info.nbytes, topology), synth, len(ex.transfers))
 
