@@ -84,6 +84,7 @@ from .folds import reduce_partials
 from .paths import blocks_sent, spread_send, worth_paths
 from .rings import is_mesh, mesh_rings, ring_copy
 from .trees import scatter_copy, tree_copy, worth_trees
+from .broadcasts import rail_scatter_copy
 
 # --------------------------------------------------------------------------- synthesis
 
@@ -260,7 +261,7 @@ class _Synthesis:
                         tuple((r, d, b, k) for (r, d), (b, k) in sorted(self.packs.items())),
                         self.sources,
                         tuple((d, b, k) for d, (b, k) in sorted(self.early.items())),
-                        tuple(self.copied))
+                        tuple(self.copied), flat=self.flat)
 
 
 def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tuple[Region, int]],
@@ -345,6 +346,9 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     def scatter(b, sources, remote) -> bool:
         return worth_trees(sources, remote) and scatter_copy(b, sources, remote)
 
+    def rail_scatter(b, sources, remote) -> bool:
+        return worth_trees(sources, remote) and rail_scatter_copy(b, sources, remote)
+
     def multipath(b, sources, remote) -> None:
         b.path_blocks = blocks_sent(sources, remote)
         plain_copy(b, sources, remote)
@@ -368,13 +372,19 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     found = [plain]
     if optimized and slices > 1:
         found += [program(pipelined, pipeline=True), program(plain_copy, direct_folds=True)]
-    if optimized and any(len(t.hops) > 2 for t in plain.transfers):  # relays: flat too
+    devices = _devices(produced, remote)
+    # where the plain program relays, or the devices form a mesh (relayed pairs): flat too
+    if optimized and (any(len(t.hops) > 2 for t in plain.transfers)
+                      or is_mesh(topology, devices)):
         found.append(program(plain_copy, flat=True))
+        if trees:
+            found.append(program(scatter, flat=True))
         if slices > 1:
             found.append(program(plain_copy, direct_folds=True, flat=True))
     if trees:
         found += [program(tree_or_plain, trees=True), program(scatter)]
-    devices = _devices(produced, remote)
+        if len(topology.levels) > 1 and len(topology.levels[0].groups) > 1:  # several nodes
+            found.append(program(rail_scatter, flat=True))
     if trees and mesh_rings(topology, devices):  # where trees are worth building, rings too
         found.append(program(ringed, rings=True))
     if optimized and not spread and worth_paths(sources, remote, b.elem) \
