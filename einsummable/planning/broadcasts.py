@@ -20,7 +20,10 @@ l, the (i mod (L-1))-th of N_h's devices other than h:
 Every reader thus receives every chunk once, and each node's NICs carry B / L apiece, the
 bound where the NICs are the slowest links (B / L over one NIC, against B / (L n) for the
 node's L NICs together), and no device's port inside a node carries more than B. The m
-chunks per rail pipeline the four steps: a rail forwards chunk i while chunk i + L arrives. `exchange.synthesize` builds it beside the other programs
+chunks per rail pipeline the four steps: a rail forwards chunk i while chunk i + L arrives.
+Where there are as many such blocks as rails (a gather: every device holds one), each
+block crosses on its holder's own rail instead, unscattered (l = r = h): the NICs are
+shared out by the blocks themselves, and the scatter would only add bytes inside the node. `exchange.synthesize` builds it beside the other programs
 where it applies and keeps the fastest under the replay.
 """
 from __future__ import annotations
@@ -62,7 +65,10 @@ def rail_scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
         spans = len({topo.group_of(0, d) for d in devs}) > 1
         (plans if spans else direct).append((cut, reg, readers, devs))
     fan = sum(len(devs) + len(nodes) for *_, devs in plans)
-    if not plans or 2 * len(nodes[0]) * fan > RAIL_TRANSFER_BUDGET:
+    # as many blocks as rails (a gather): each crosses on its holder's own rail, unscattered
+    own = len(plans) >= len(nodes[0])
+    width = 1 if own else len(nodes[0])
+    if not plans or 2 * width * fan > RAIL_TRANSFER_BUDGET:
         return False
     for cut, reg, readers, devs in direct:  # read inside one node: sent straight
         holder, ready = holders[reg][0]
@@ -71,15 +77,14 @@ def rail_scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
             parts[(q, d)].append((cut, True))
     for cut, reg, readers, devs in plans:
         holder, ready = holders[reg][0]
-        heads = nodes[topo.group_of(0, holder)]
-        width = len(heads)
+        mine = topo.group_of(0, holder)
+        heads = (holder,) if own else nodes[mine]
         m = max(1, min(RAIL_CHUNKS, RAIL_TRANSFER_BUDGET // (width * fan),
                        int(volume(cut) * b.elem // (width * CHUNK_BYTES))))
         by_node: dict[int, list[int]] = {}
         for d in devs:
             by_node.setdefault(topo.group_of(0, d), []).append(d)
         others = [g for g in heads if g != holder] or [holder]
-        mine = topo.group_of(0, holder)
         for i, piece in enumerate(chunks(cut, width * m)):
             rail, local = heads[i % width], others[i % len(others)]
             at = {holder: max(ready, i // width - 1)}  # wave w of chunks starts in round w
@@ -87,11 +92,13 @@ def rail_scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
                                                                   at[holder], within=reg)
             for d in [rail] + by_node.get(mine, []):  # the rail first: it crosses on
                 if d not in at:
-                    at[d] = b.send(local, d, piece, at[local])
+                    at[d] = b.send(local, d, piece, at[local],
+                                   within=reg if local == holder else None)
+            place = nodes[mine].index(rail)
             for g, members in sorted(by_node.items()):
                 if g == mine:
                     continue
-                peer = nodes[g][heads.index(rail)]
+                peer = nodes[g][place]
                 got = b.send(rail, peer, piece, at[rail],
                              within=reg if rail == holder else None)
                 for d in members:
