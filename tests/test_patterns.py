@@ -112,3 +112,20 @@ def test_the_nccl_model_pays_its_kernel_and_its_fused_reductions():
     assert collectives.collective_time("all_gather", s, fab, collectives.PEAK, slow) == \
         pytest.approx(collectives.collective_time("all_gather", s, fab, collectives.PEAK)
                       + 5e-6)
+
+
+def test_the_nccl_all_to_all_packs_its_strided_blocks_first():
+    # A device's column blocks for the others are strided in its rows; NCCL sends contiguous
+    # buffers, so the NCCL model pays one pack copy (7/8 of the device's 1/8, read and
+    # written) beside its collective, as einsummable's senders pack them.
+    a100 = load_topology("a100x8")
+    s = 64 * MIB
+    kernel = collectives.kernel_of(a100)
+    row = patterns.run_pattern("all_to_all", s, a100)
+    bare = collectives.collective_time("all_to_all", s, collectives.fabric(a100),
+                                       collectives.PEAK, kernel)
+    assert row.nccl_s == pytest.approx(bare + kernel.launch_s
+                                       + 2 * 7 / 8 * s / 8 / kernel.memory_bw)
+    assert patterns.run_pattern("all_gather", s, a100).nccl_s == pytest.approx(
+        collectives.collective_time("all_gather", s, collectives.fabric(a100),
+                                    collectives.PEAK, kernel))
