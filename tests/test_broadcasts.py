@@ -128,3 +128,16 @@ def test_a_gather_across_two_nodes_crosses_on_each_holders_rail():
     assert set(nic.values()) == {p.info.nbytes // 16}
     seconds = exchange_time(ex, H100X2)
     assert seconds <= 1.15 * patterns.bandwidth_bound("all_gather", p.info.nbytes, H100X2)
+
+
+def test_an_all_reduce_across_two_nodes_gathers_its_folded_parts_on_their_rails():
+    # 256 MiB of partial sums on each of 16 H100s: folded in parts at their readers, then
+    # each folded part crosses on its reducer's own rail (1.770 ms gathered over packed
+    # trees; NCCL's hierarchical model 1.503 with its launch; bound 1.007).
+    p = pattern("all_reduce", 16, 256 << 20)
+    ex = exchange_mod.synthesize(p.info, p.produced, p.needs, p.agg, H100X2)
+    assert ex.flat and len(ex.reduces) > 16  # folded in parts, gathered flat
+    seconds = exchange_time(ex, H100X2)
+    assert seconds <= collective_time("all_reduce", p.info.nbytes, fabric(H100X2), PEAK,
+                                      kernel_of(H100X2))
+    assert seconds <= 1.15 * patterns.bandwidth_bound("all_reduce", p.info.nbytes, H100X2)

@@ -48,8 +48,8 @@ def rail_scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
     and stitches on the synthesis `b` (`exchange._Synthesis`). Returns False, emitting
     nothing, unless the topology's top level has several groups of one size, every block
     the readers lack has one holder, the readers of some block span several nodes (a block
-    read inside one node is sent straight), and two chunks per rail fit the transfer
-    budget."""
+    read inside one node is sent straight), and two chunks per rail (one per block of a
+    gather) fit the transfer budget."""
     topo = b.topo
     if not topo.levels or len(topo.levels[0].groups) < 2:
         return False
@@ -68,7 +68,8 @@ def rail_scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
     # as many blocks as rails (a gather): each crosses on its holder's own rail, unscattered
     own = len(plans) >= len(nodes[0])
     width = 1 if own else len(nodes[0])
-    if not plans or 2 * width * fan > RAIL_TRANSFER_BUDGET:
+    # two chunks per rail at least to pipeline; a gather's blocks pipeline among themselves
+    if not plans or (1 if own else 2) * width * fan > RAIL_TRANSFER_BUDGET:
         return False
     for cut, reg, readers, devs in direct:  # read inside one node: sent straight
         holder, ready = holders[reg][0]

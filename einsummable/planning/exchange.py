@@ -385,6 +385,8 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
         found += [program(tree_or_plain, trees=True), program(scatter)]
         if len(topology.levels) > 1 and len(topology.levels[0].groups) > 1:  # several nodes
             found.append(program(rail_scatter, flat=True))
+            if slices > 1:
+                found.append(program(rail_scatter, flat=True, pipeline=True))
     if trees and mesh_rings(topology, devices):  # where trees are worth building, rings too
         found.append(program(ringed, rings=True))
     if optimized and not spread and worth_paths(sources, remote, b.elem) \
