@@ -89,6 +89,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from einsummable.planning.kernel_time import memory_rate
 from einsummable.planning.rings import RING_SEARCH_MAX_DEVICES, Ring, dedicated, greedy_rings
 from einsummable.topology import Topology
 
@@ -130,7 +131,6 @@ class Kernel:
 def kernel_of(topology: Topology, group: Sequence[int] | None = None) -> Kernel:
     """The `Kernel` of `group` (default: every device): the largest launch and the lowest
     achieved memory rate among its devices (`kernel_time.memory_rate`)."""
-    from einsummable.planning.kernel_time import memory_rate
     devices = [topology.devices[d] for d in (range(topology.world_size) if group is None
                                               else group)]
     return Kernel(max(d.launch_s for d in devices), min(memory_rate(d) for d in devices))
