@@ -29,12 +29,14 @@ DGX1 = load_topology("dgx1-v100")
 H100X2 = load_topology("h100x8x2")
 
 
-def _flat_program(info, pieces, needs, agg, topo, direct_folds=False):
+def _flat_program(info, pieces, needs, agg, topo, direct_folds=False, owners=False):
     """The flat program itself (not the fastest kept): folds level by level, or with
-    `direct_folds` every reader folding its needs from the holders, then the copies."""
+    `direct_folds` every reader folding its needs from the holders, then the copies (with
+    `owners`, from the full sources only, no delivered block sent on)."""
     b = exchange_mod._synthesis(info, pieces, topo, "optimized", False)
     b.flat = True
     b.direct_folds = direct_folds
+    b.owners = owners
     n_slices = pieces[0].n_slices
     if n_slices > 1:
         sources = reduce_partials(b, pieces, needs, n_slices)
@@ -48,12 +50,12 @@ def _flat_program(info, pieces, needs, agg, topo, direct_folds=False):
 
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2 ** 31), world=st.sampled_from([4, 8]),
-       topo=st.sampled_from(["dgx1", "ring4"]), direct=st.booleans())
-def test_flat_programs_deliver_exactly_what_is_needed(seed, world, topo, direct):
+       topo=st.sampled_from(["dgx1", "ring4"]), direct=st.booleans(), owners=st.booleans())
+def test_flat_programs_deliver_exactly_what_is_needed(seed, world, topo, direct, owners):
     topology = DGX1 if topo == "dgx1" else ring4()
     world = min(world, topology.world_size)
     info, pieces, needs, agg, values, truth = random_case(random.Random(seed), world)
-    ex = _flat_program(info, pieces, needs, agg, topology, direct)
+    ex = _flat_program(info, pieces, needs, agg, topology, direct, owners)
     assert_delivers(ex, pieces, needs, agg, values, truth)
     # a relayed value is one transfer per hop, each a round after the one it forwards
     assert all(len(t.hops) == 2 for t in ex.transfers)
@@ -61,12 +63,13 @@ def test_flat_programs_deliver_exactly_what_is_needed(seed, world, topo, direct)
     assert exchange_time(kept, topology) <= exchange_time(ex, topology) * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("kind", ["reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_to_all", "all_gather", "broadcast"])
 def test_small_exchanges_on_the_cube_mesh_take_two_batches(kind):
     # 64 KiB among the 8 GPUs of a DGX-1: relayed on arrival, every forward opened a p2p
     # batch (a launch each) and the rounds packed against the links spread a device's sends
-    # over five batches (reduce-scatter 0.057 ms, all-to-all 0.040); flat, a device posts
-    # its sends and first hops in one batch and its forwards in the next.
+    # over five batches (reduce-scatter 0.057 ms, all-to-all 0.040; all-gather 0.020 and
+    # broadcast 0.017 relaying delivered blocks on); flat, a device posts its sends and first
+    # hops in one batch and its forwards in the next.
     p = pattern(kind, 8, 1 << 16)
     ex = exchange_mod.synthesize(p.info, p.produced, p.needs, p.agg, DGX1)
     assert all(len(t.hops) == 2 for t in ex.transfers) and ex.n_rounds <= 2

@@ -126,6 +126,7 @@ class _Synthesis:
         self.path_loads: dict[str, float] = {}  # seconds of bytes on each link resource
         self.path_blocks = 1  # blocks the program sends, sharing the transfer budget
         self.flat = False  # every transfer in the round after its source is ready (`send`)
+        self.owners = False  # copies from the producer's pieces only, none relayed on
 
     def dist(self, a: int, b: int) -> float:
         """Seconds for a reference message from a to b: the order in which sources are tried."""
@@ -382,7 +383,7 @@ def _copy_program(info: TensorInfo, produced: Sequence[Piece], topology, mode: s
     # where the plain program relays, or the devices form a mesh (relayed pairs): flat too
     if optimized and (any(len(t.hops) > 2 for t in plain.transfers)
                       or is_mesh(topology, devices)):
-        found.append(program(plain_copy, flat=True))
+        found += [program(plain_copy, flat=True), program(plain_copy, flat=True, owners=True)]
         if trees:
             found.append(program(scatter, flat=True))
         if slices > 1:
@@ -489,7 +490,7 @@ def _copy(b: _Synthesis, sources: list[tuple[Region, int, int]],
             raise PlanError(f"tensor {b.info.name!r}: region {todo[0]} needed on device {d} is "
                             "held by no device", fix="the producer layout must cover the tensor")
         b.stitch(q, d, parts)
-        if not naive:
+        if not naive and not b.owners:
             for cut, at, rnd in got:
                 index.setdefault(cut, []).append(len(sources))
                 sources.append((cut, at, rnd))
