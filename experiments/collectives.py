@@ -57,6 +57,20 @@ the network latency). NCCL takes the faster of its algorithms, so do we:
   all_to_all sends (L−1)/N² · B over NVLink and (N−L)/N² · B over the NIC at once:
   max of the two times + (L−1) α + (M−1) α_n.
 
+**The kernel** (where the caller gives one, `Kernel`: the collective-pattern bench, whose
+einsummable programs pay a launch per p2p batch and per fold). NCCL runs a collective as one
+kernel: one launch, ℓ. Its reductions are fused into that kernel: a step reads the received
+slice and the device's own and writes the sum, the same (inputs + 1) = 3 bytes per reduced byte
+at the memory rate m that einsummable's folds are charged (`replay.py`), pipelined slice by
+slice with the sends, so the slower of the two sets the pace. A device reduces R = (N−1)/N · B
+bytes in a reduce-scatter or an all-reduce (none in the other collectives):
+
+    with_kernel(t) = ℓ + max(t, 3 R / m)
+
+On the shipped machines the links are the slower (V100: 3 / 900 GB/s per byte against 1 / 150
+GB/s), so only ℓ shows. The block baselines (`simulated.py`) pass no kernel: their collectives
+stay as costed there.
+
 **vLLM's custom all-reduce** (csrc/custom_all_reduce.cuh and
 vllm/distributed/device_communicators/custom_all_reduce.py in vllm-project/vllm): used
 inside one node only, for 2, 4, 6 or 8 devices, where there are two of them or every pair is
@@ -75,6 +89,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from einsummable.planning.kernel_time import memory_rate
 from einsummable.planning.rings import RING_SEARCH_MAX_DEVICES, Ring, dedicated, greedy_rings
 from einsummable.topology import Topology
 
@@ -100,6 +115,26 @@ VLLM_CUSTOM_AR_MAX_BYTES = 8192 * 1024
 VLLM_CUSTOM_AR_WORLDS = (2, 4, 6, 8)
 VLLM_CUSTOM_AR_ALIGN = 16
 VLLM_ONE_SHOT_BYTES = {4: 512 * 1024, 8: 256 * 1024}  # largest world -> below this, one-shot
+
+# A fused reduction step reads its two inputs and writes the sum (a fold's inputs + 1).
+FOLD_TOUCHES = 3
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One NCCL kernel on the group's slowest device: its launch and the memory rate its
+    fused reductions read and write at (module docstring, *The kernel*)."""
+    launch_s: float
+    memory_bw: float
+
+
+def kernel_of(topology: Topology, group: Sequence[int] | None = None) -> Kernel:
+    """The `Kernel` of `group` (default: every device): the largest launch and the lowest
+    achieved memory rate among its devices (`kernel_time.memory_rate`)."""
+    devices = [topology.devices[d] for d in (range(topology.world_size) if group is None
+                                              else group)]
+    return Kernel(max(d.launch_s for d in devices), min(memory_rate(d) for d in devices))
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -281,8 +316,10 @@ def _ingress(topology: Topology, d: int, node: tuple[int, ...]) -> float:
 
 # ------------------------------------------------------------------------------- the times
 
-def collective_time(kind: str, nbytes: float, fab: Fabric, rates: Rates = ACHIEVED) -> float:
-    """Seconds NCCL takes for one collective of `nbytes` on the fabric (module docstring)."""
+def collective_time(kind: str, nbytes: float, fab: Fabric, rates: Rates = ACHIEVED,
+                    kernel: Kernel | None = None) -> float:
+    """Seconds NCCL takes for one collective of `nbytes` on the fabric (module docstring),
+    with `kernel` its launch and fused reductions too (*The kernel*)."""
     if kind not in KINDS:
         raise ValueError(f"unknown collective {kind!r}: use one of {', '.join(KINDS)}")
     if nbytes < 0:
@@ -290,10 +327,13 @@ def collective_time(kind: str, nbytes: float, fab: Fabric, rates: Rates = ACHIEV
     n = fab.size
     if n == 1 or nbytes == 0:
         return 0.0
-    flat = _flat(kind, nbytes, fab, rates)
-    if len(fab.nodes) == 1 or kind == "broadcast":  # NCCL broadcasts down its rings
-        return flat
-    return min(flat, _hierarchical(kind, nbytes, fab, rates))
+    t = _flat(kind, nbytes, fab, rates)
+    if len(fab.nodes) > 1 and kind != "broadcast":  # NCCL broadcasts down its rings
+        t = min(t, _hierarchical(kind, nbytes, fab, rates))
+    if kernel is None:
+        return t
+    reduced = (n - 1) / n * nbytes if kind in ("reduce_scatter", "all_reduce") else 0.0
+    return kernel.launch_s + max(t, FOLD_TOUCHES * reduced / kernel.memory_bw)
 
 
 def _flat(kind: str, nbytes: float, fab: Fabric, rates: Rates) -> float:

@@ -15,7 +15,12 @@ Three figures per pattern and size, all simulated at the topology file's link ra
   replayed on the simulator's network (what every plan's price is made of);
 - NCCL: `collectives.collective_time` at the links' full rates (`PEAK`: the same rates the
   exchange gets; the achieved-fraction model is for the baselines of the block tables), the
-  best of its ring and hierarchical forms;
+  best of its ring and hierarchical forms, with its kernel's launch and its fused reductions
+  at the memory rate einsummable's folds run at (`collectives.kernel_of`): the launch and the
+  fold bytes einsummable's programs are charged, NCCL's charged too (since 2026-12-07); for
+  the all-to-all also the senders' pack (`pack_s`): the column blocks a device sends are
+  strided in its rows, and NCCL sends contiguous buffers, so the caller packs them first, as
+  the gloo bench packs before `all_to_all_single` and einsummable's senders pack;
 - bound: the bytes a device must receive over its ports' ingress capacity, and where the
   topology has several nodes the bytes a node must receive over its NICs (`bandwidth_bound`).
 """
@@ -31,7 +36,7 @@ from einsummable.planning.exchange import synthesize
 from einsummable.planning.placement import Piece
 from einsummable.planning.timing import exchange_time
 
-from .collectives import PEAK, collective_time, fabric
+from .collectives import PEAK, collective_time, fabric, kernel_of
 
 PATTERNS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")
 COLUMNS = 4096  # the tensor's inner extent: rows of 8 KiB in fp16
@@ -145,6 +150,18 @@ def bandwidth_bound(kind: str, nbytes: float, topology) -> float:
     return best
 
 
+# A pack copy reads each byte and writes it once.
+PACK_TOUCHES = 2
+
+
+def pack_s(nbytes: float, world: int, kernel) -> float:
+    """Seconds a device takes to pack the column blocks of its row block that leave in an
+    all-to-all of `nbytes` on `world` devices, contiguous per peer: one copy kernel, reading
+    and writing (N - 1)/N of its B / N bytes at the memory rate (`collectives.Kernel`)."""
+    return kernel.launch_s + PACK_TOUCHES * (world - 1) / world * nbytes / world \
+        / kernel.memory_bw
+
+
 @dataclass(frozen=True)
 class PatternRow:
     kind: str
@@ -162,7 +179,10 @@ def run_pattern(kind: str, nbytes: int, topology) -> PatternRow:
     ex = synthesize(p.info, p.produced, p.needs, p.agg, topology)
     seconds = exchange_time(ex, topology)
     synth = time.perf_counter() - t0
-    nccl = collective_time(kind, p.info.nbytes, fabric(topology), PEAK)
+    kernel = kernel_of(topology)
+    nccl = collective_time(kind, p.info.nbytes, fabric(topology), PEAK, kernel)
+    if kind == "all_to_all":
+        nccl += pack_s(p.info.nbytes, topology.world_size, kernel)
     return PatternRow(kind, p.info.nbytes, seconds, nccl,
                       bandwidth_bound(kind, p.info.nbytes, topology), synth, len(ex.transfers))
 

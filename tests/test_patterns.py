@@ -51,8 +51,10 @@ def test_the_runner_gives_einsummable_beside_the_nccl_model():
     assert [r.system for r in rows] == ["einsummable", "nccl-model"]
     mine, nccl = rows
     assert mine.floor_s == nccl.floor_s > 0
+    a100 = load_topology("a100x8")
     assert nccl.time_s == pytest.approx(collectives.collective_time(
-        "all_gather", 16 * MIB, collectives.fabric(load_topology("a100x8")), collectives.PEAK))
+        "all_gather", 16 * MIB, collectives.fabric(a100), collectives.PEAK,
+        collectives.kernel_of(a100)))
     # on the switch every device sends its block straight to the others: no slower than
     # NCCL's ring, within a launch and a latency of the bound
     assert mine.time_s <= nccl.time_s and mine.time_s <= 1.2 * mine.floor_s
@@ -89,3 +91,41 @@ def test_gloo_patterns_are_measured_correct_against_gloos_collectives():
     for r in got.values():
         assert r["correct"] == {"einsummable": True, "gloo": True}, r["pattern"]
         assert r["einsummable"]["median_s"] > 0 and r["gloo"]["median_s"] > 0
+
+
+def test_the_nccl_model_pays_its_kernel_and_its_fused_reductions():
+    # One launch per collective, as einsummable's programs pay one per p2p batch; a reduction
+    # reads two inputs and writes the sum at the memory rate, overlapped with the sends.
+    dgx1 = load_topology("dgx1-v100")
+    fab = collectives.fabric(dgx1)
+    kernel = collectives.kernel_of(dgx1)
+    assert kernel.launch_s == 5e-6
+    s = 64 * MIB
+    bare = collectives.collective_time("reduce_scatter", s, fab, collectives.PEAK)
+    # V100: the lanes are slower than the fold's memory traffic, so only the launch shows
+    assert collectives.collective_time("reduce_scatter", s, fab, collectives.PEAK, kernel) \
+        == pytest.approx(bare + 5e-6)
+    # where memory is the slower, the fused folds set the pace; a gather folds nothing
+    slow = collectives.Kernel(5e-6, 100e9)
+    assert collectives.collective_time("reduce_scatter", s, fab, collectives.PEAK, slow) == \
+        pytest.approx(5e-6 + 3 * 7 / 8 * s / 100e9)
+    assert collectives.collective_time("all_gather", s, fab, collectives.PEAK, slow) == \
+        pytest.approx(collectives.collective_time("all_gather", s, fab, collectives.PEAK)
+                      + 5e-6)
+
+
+def test_the_nccl_all_to_all_packs_its_strided_blocks_first():
+    # A device's column blocks for the others are strided in its rows; NCCL sends contiguous
+    # buffers, so the NCCL model pays one pack copy (7/8 of the device's 1/8, read and
+    # written) beside its collective, as einsummable's senders pack them.
+    a100 = load_topology("a100x8")
+    s = 64 * MIB
+    kernel = collectives.kernel_of(a100)
+    row = patterns.run_pattern("all_to_all", s, a100)
+    bare = collectives.collective_time("all_to_all", s, collectives.fabric(a100),
+                                       collectives.PEAK, kernel)
+    assert row.nccl_s == pytest.approx(bare + kernel.launch_s
+                                       + 2 * 7 / 8 * s / 8 / kernel.memory_bw)
+    assert patterns.run_pattern("all_gather", s, a100).nccl_s == pytest.approx(
+        collectives.collective_time("all_gather", s, collectives.fabric(a100),
+                                    collectives.PEAK, kernel))

@@ -56,7 +56,7 @@ def reduce_partials(b, produced: Sequence[Piece], needs: Sequence[tuple[Region, 
                 for d in devs:
                     full.append((x, d, _fold_direct(b, x, d, holders, block)))
                 continue
-            for chunk, r in _scatter(x, devs, holders, b.elem):
+            for chunk, r in _scatter(x, devs, holders, b.elem, b.flat):
                 if b.rings and len(holders) > 2:
                     jobs.append((chunk, r, holders, block))
                 elif b.trees and len(holders) > 2:
@@ -82,16 +82,18 @@ def _pipelined(x: Region, itemsize: int) -> list[Region]:
 
 
 def _scatter(x: Region, readers: list[int], holders: dict[int, list[int]],
-             itemsize: int) -> list[tuple[Region, int]]:
+             itemsize: int, flat: bool = False) -> list[tuple[Region, int]]:
     """Reduce-scatter: with k readers of x, cut x into k chunks and fold chunk i at reader i,
     so the fold's inbound bytes and the later multicast spread over k devices' ports instead
     of one (the all-reduce pattern then costs what a ring costs). Chunks stay at least
-    RANK_REFERENCE_BYTES, below which latency, not bandwidth, dominates. The chunks are
+    RANK_REFERENCE_BYTES, below which latency, not bandwidth, dominates, except in a `flat`
+    program, whose chunks all travel in the same batches, so more of them cost no launch: there
+    x is cut among all its readers. The chunks are
     row-major ranges of x where its extents allow (`_row_major_cuts`): each is then sent
     without a pack and lands in place at its readers, where a cut along the longest dim
     would be strided at both ends; else x is cut along its longest dim."""
     by_slices = sorted(readers, key=lambda d: (-sum(d in h for h in holders.values()), d))
-    worth = int(volume(x) * itemsize // RANK_REFERENCE_BYTES)
+    worth = len(by_slices) if flat else int(volume(x) * itemsize // RANK_REFERENCE_BYTES)
     k = min(len(by_slices), max(worth, 1))
     chunks = _row_major_cuts(x, k) if k > 1 else None
     if chunks is None:

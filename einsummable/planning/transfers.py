@@ -58,7 +58,9 @@ class Exchange:
     `copies` whose needs copy no received part (own parts only): a reader runs those before
     anything arrives; `copied`: the received parts (device, region) the other copies read,
     which they wait for. `one_pack`: a device's strided sends of a round share one pack
-    kernel (`pack_groups`) rather than one each."""
+    kernel (`pack_groups`) rather than one each. `flat`: every transfer went into the round
+    after its source was ready (`exchange._Synthesis.flat`), so a round's transfers may share
+    a link (the network shares it), where other programs' rounds give each link one route."""
     transfers: tuple[Transfer, ...]
     reduces: tuple[Reduce, ...] = ()
     copies: tuple[tuple[int, int, int], ...] = ()
@@ -67,6 +69,7 @@ class Exchange:
     early: tuple[tuple[int, int, int], ...] = ()
     copied: tuple[tuple[int, Region], ...] = ()
     one_pack: bool = False
+    flat: bool = False
 
     @property
     def n_rounds(self) -> int:

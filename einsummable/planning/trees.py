@@ -136,6 +136,8 @@ def scatter_copy(b, sources: Sequence[tuple[Region, int, int]],
         for i, piece in enumerate(chunks(cut, len(devs) * m)):
             relay = devs[i % len(devs)]
             dev, ready = min(holders[reg], key=lambda h: (b.dist(h[0], relay), h[0]))
+            if b.flat:  # wave w of chunks starts in round w: a relay forwards as they come
+                ready = max(ready, i // len(devs) - 1)
             at = b.send(dev, relay, piece, ready, within=reg)
             for d in devs:
                 if d != relay:
