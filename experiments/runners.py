@@ -79,7 +79,8 @@ def _einsummable_sim_row(cfg, w: Workload, graph, topo, floor_s: float,
     block_s = es_sys.block_seconds(opt.plan)
     return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, block_s,
                model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
-               note=f"{es_sys.chosen_label(opt.plan)}, a block in a stack; "
+               note=f"{es_sys.chosen_label(opt.plan)}, a block in a stack; objective "
+                    f"{opt.plan.objective_s * 1e3:.3f} ms, gap {opt.plan.gap or 0:.1%}; "
                     f"plan {opt.solve_wall_s:.1f} s",
                extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None)})
 
