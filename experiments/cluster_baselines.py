@@ -37,8 +37,8 @@ Megatron TP baseline of `simulated.py` on a batch of b sequences on that node: i
   next node all-gathers the a bytes inside:
       x = (a / L) / (f_net · r_link) + α_link + all_gather_node(a)
   A forward pass of the whole batch: the first micro-batch crosses every stage and boundary,
-  the others follow one cycle apart (a stage can take the next micro-batch once it is done
-  and its output sent, sends and compute overlapping):
+  the others follow one cycle apart (a stage takes the next micro-batch as soon as it is
+  done, its send of the last one running beside it, so the cycle is the slower of the two):
       total = p c + (p - 1) x + (m - 1) max(c, x),     T = total / K
   so with free boundaries each device idles the bubble fraction (p - 1) / (m + p - 1) of the
   pass. m is the divisor of B that gives the least T. Forward-only, GPipe and 1F1B run the
