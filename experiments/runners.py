@@ -14,6 +14,7 @@ from einsummable.topology import SHIPPED_DIR, Topology, load_topology, read_topo
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 
+from . import cluster_baselines
 from . import conv_spatial as conv_spatial_bench
 from . import model_families as model_families_bench
 from . import einsummable_system as es_sys
@@ -78,20 +79,23 @@ def _einsummable_sim_row(cfg, w: Workload, graph, topo, floor_s: float,
     block_s = es_sys.block_seconds(opt.plan)
     return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, block_s,
                model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
-               note=f"{es_sys.chosen_label(opt.plan)}, a block in a stack; "
+               note=f"{es_sys.chosen_label(opt.plan)}, a block in a stack; objective "
+                    f"{opt.plan.objective_s * 1e3:.3f} ms, gap {opt.plan.gap or 0:.1%}; "
                     f"plan {opt.solve_wall_s:.1f} s",
                extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None)})
 
 
 def simulated_blocks(cfg: dict, stream=None) -> RunResult:
-    topo = load_topology(cfg["topology"])
+    """Every workload on the config's topology, or on each of its `topologies` (a row's world
+    size tells them apart; plans and layouts are keyed workload@topology then)."""
+    topos = [load_topology(t) for t in cfg.get("topologies") or [cfg["topology"]]]
     workloads = _workloads(cfg)
     systems = cfg["systems"]
-    progress = Progress(len(workloads) * len(systems), cfg["name"], stream)
+    progress = Progress(len(topos) * len(workloads) * len(systems), cfg["name"], stream)
     rows: list[Row] = []
     plans: dict = {}
     layouts: dict[str, str] = {}
-    for w in workloads:
+    for topo, w in ((t, w) for t in topos for w in workloads):
         try:
             graph = es_sys.graph_for(w)
         except Unavailable as e:
@@ -101,13 +105,16 @@ def simulated_blocks(cfg: dict, stream=None) -> RunResult:
                 progress.step(f"{w.name} {s}")
             continue
         floor_s = simulated.compute_floor(graph, topo)
+        mine: dict = {}
         for s in systems:
-            progress.step(f"{w.name} {s}")
-            rows.append(_sim_row(cfg, s, w, graph, topo, floor_s, plans))
+            progress.step(f"{w.name} {s} on {topo.name}")
+            rows.append(_sim_row(cfg, s, w, graph, topo, floor_s, mine))
         rows.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
                         floor_s=floor_s, note="roofline of 1/N of every op + one launch per op"))
-        layouts.update(_layout_lines(w, graph, topo, plans, systems))
-    text = _table(cfg, rows, f"{cfg['name']}: simulated on {topo.name}")
+        at = "" if len(topos) == 1 else f"@{topo.name}"
+        plans.update({k + at: v for k, v in mine.items()})
+        layouts.update({k + at: v for k, v in _layout_lines(w, graph, topo, mine, systems).items()})
+    text = _table(cfg, rows, f"{cfg['name']}: simulated on {', '.join(t.name for t in topos)}")
     if layouts:
         text += "\n\nwhat each plan splits (mode role, extent / parts):\n" + "\n".join(
             f"  {k}: {v}" for k, v in layouts.items())
@@ -137,8 +144,12 @@ def _sim_row(cfg, s: str, w: Workload, graph, topo, floor_s: float, plans: dict)
             return _einsummable_sim_row(cfg, w, graph, topo, floor_s, plans)
         if s == "vllm":
             return Row(**base, unavailable=_vllm_reason("simulated"))
-        bt = simulated.simulate_baseline(s, graph, topo, cfg.get("weights", "sharded"),
-                                         cfg.get("steady_state", True))
+        if s in cluster_baselines.CLUSTER_SYSTEMS:
+            bt = cluster_baselines.simulate_cluster(s, w, topo, cfg.get("steady_state", True),
+                                                    cfg.get("model_layers"))
+        else:
+            bt = simulated.simulate_baseline(s, graph, topo, cfg.get("weights", "sharded"),
+                                             cfg.get("steady_state", True))
         return Row(**base, time_s=bt.time_s, floor_s=floor_s, note=bt.note,
                    extra={"compute_s": bt.compute_s, "comm_s": bt.comm_s,
                           "gather_s": bt.gather_s, "at_peak_s": bt.at_peak_s,

@@ -57,7 +57,8 @@ def test_a_kernel_under_a_transfer_runs_at_the_share_left(a100):
 
 
 def test_shipped_gpu_topologies_carry_the_published_slowdown():
-    for name in ("a100x8", "dgx1-v100", "h100x8x2", "pcie4-numa"):
+    for name in ("a100x8", "dgx1-v100", "h100x8x2", "pcie4-numa", "a100x8x2", "a100x8x4",
+                 "h100x8x4", "h100x8x8", "h100x8x32"):
         dev = load_topology(name).devices[0]
         assert (dev.achieved.transfer_slowdown, dev.achieved.transfer_memory) == (0.159, 1.0)
     assert contention_share(load_topology("cpu2")) == 0.0  # gloo: fitted link figures

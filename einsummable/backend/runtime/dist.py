@@ -12,7 +12,7 @@ has a timeout.
 Two ways to launch:
 - `run(lowered, inputs, backend="gloo", world_size=4)` from Python: a pool of worker processes
   (`pool.py`).
-- `torchrun --nproc-per-node 8 -m einsummable.backend.runtime.torchrun plan.json` (`torchrun.py`):
+- `torchrun --nnodes N --nproc-per-node G -m einsummable.runtime.dist plan.json` (`torchrun.py`):
   every rank reads the plan (a lowered program bundle or a Plan JSON).
 """
 from __future__ import annotations
