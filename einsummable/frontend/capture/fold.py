@@ -31,6 +31,7 @@ FACTORIES = {
     _aten.ones.default: lambda a, k: (a[0], 1),
     _aten.zeros.default: lambda a, k: (a[0], 0),
     _aten.empty.memory_format: lambda a, k: (a[0], 0),
+    _aten.empty_permuted.default: lambda a, k: (a[0], 0),  # backward passes' scratch
     _aten.scalar_tensor.default: lambda a, k: ((), a[0]),
 }
 LIKE = {  # (tensor, ...) -> fill of the tensor's shape; the tensor may be a real input
