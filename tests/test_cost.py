@@ -313,3 +313,10 @@ def test_uncovered_volume_counts_the_points_outside():
         assert uncovered_volume(needed, held) == points
         assert _cut_away(needed, held) == points
     check()
+
+
+def test_the_boxes_of_a_0d_tensor_are_one_element():
+    # a loss is 0-d: its one block is the box (), of volume 1; held, nothing is missing
+    from einsummable.planning.bound import _CutBoxes
+    boxes = _CutBoxes((((),), ()), (((),),))
+    assert boxes.missing().tolist() == [[0.0], [1.0]]

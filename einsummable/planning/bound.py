@@ -309,7 +309,8 @@ def _numbered(groups: Sequence[tuple[Region, ...]]) -> tuple[np.ndarray, np.ndar
     inc[rows, cols] = 1.0
     if not index:
         return np.zeros((0, 0, 2), dtype=np.int64), inc
-    return np.array(list(index), dtype=np.int64), inc
+    rank = len(next(iter(index)))  # 0 for a 0-d tensor (a loss): one element, boxes ()
+    return np.array(list(index), dtype=np.int64).reshape(len(index), rank, 2), inc
 
 
 class _CutBoxes:
