@@ -91,4 +91,3 @@ def test_bind_step_counts_its_tensors():
     step = trace_step(module, (x,), loss_fn, (y,))
     with pytest.raises(EinsummableError, match="takes 2 tensors"):
         bind_step(step, module, (x,), ())
-
