@@ -20,7 +20,7 @@ import torch
 from .backend.lowering import lower
 from .backend.runtime import run
 from .errors import EinsummableError
-from .frontend.capture import trace_step
+from .frontend.capture import StepGraph, bind_step, trace_step
 from .frontend.optim import Hyper, TrainGraph, with_update
 from .selection.choose import choose_plan
 
@@ -35,12 +35,12 @@ class TrainStep:
         self.lowered = lower(plan)
         self.n_args = n_args
         self.steps = 0
-        # the step's own inputs, in order: the arguments, then the targets
-        self.inputs = [t.name for t in train.graph.inputs
-                       if t.kind == "input" and t.name not in train.scalars]
+        self._step = StepGraph(train.graph, train.loss, ())
         params = dict(module.named_parameters())
+        self.dtype = next(iter(params.values())).dtype
+        # the optimizer's state (what the update replaces that is not a parameter), zeros
         self.state: dict[str, torch.Tensor] = {
-            name: torch.zeros_like(params[name.rsplit(".", 1)[0]]).detach()
+            name: torch.zeros(train.graph.tensor(name).shape, dtype=self.dtype)
             for name, _ in train.updates if name not in params}
 
     def __call__(self, args: Sequence[Any], targets: Sequence[Any]) -> float:
@@ -50,19 +50,9 @@ class TrainStep:
             raise EinsummableError(f"the step was compiled for {self.n_args} arguments, got "
                                    f"{len(args)}", fix="pass args and targets as two tuples")
         step = self.steps + 1
-        flat = [t for t in args + targets if isinstance(t, torch.Tensor)]
-        if len(flat) != len(self.inputs):
-            raise EinsummableError(f"the step takes {len(self.inputs)} tensors (arguments, then "
-                                   f"targets), got {len(flat)}", fix="pass the args and "
-                                   "targets it was compiled with")
-        feed = dict(zip(self.inputs, flat))
-        state = {**dict(self.module.named_parameters()), **dict(self.module.named_buffers())}
-        for t in self.train.graph.weights:
-            feed[t.name] = self.state[t.name] if t.name in self.state \
-                else state[t.name].detach()
-        dtype = next(iter(self.module.parameters())).dtype
-        for name, value in self.train.scalar_values(step).items():
-            feed[name] = torch.tensor([value], dtype=dtype)
+        scalars = {name: torch.tensor([value], dtype=self.dtype)
+                   for name, value in self.train.scalar_values(step).items()}
+        feed = bind_step(self._step, self.module, args, targets, {**self.state, **scalars})
         outs = run(self.lowered, feed, backend=self.backend)
         params = dict(self.module.named_parameters())
         with torch.no_grad():

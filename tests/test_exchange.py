@@ -100,6 +100,25 @@ def random_case(rng: random.Random, n: int):
     return TensorInfo(prod.output, shape), pieces, needs, agg, values, truth
 
 
+def folded_sources(info, pieces, needs, topo, **flags):
+    """A synthesis with `flags` set on it and its partial sums folded, as the synthesis
+    starts every program: (the synthesis, (region, device, round) sources, the needs no
+    source holds). Tests build one program shape from it, not the fastest kept."""
+    from einsummable.planning import exchange as exchange_mod
+    from einsummable.planning.folds import reduce_partials
+    b = exchange_mod._synthesis(info, pieces, topo, "optimized", False)
+    for name, value in flags.items():
+        setattr(b, name, value)
+    n_slices = pieces[0].n_slices
+    if n_slices > 1:
+        sources = reduce_partials(b, pieces, needs, n_slices)
+    else:
+        sources = [(p.region, p.device, -1) for p in pieces]
+    remote = [(q, d) for q, d in needs
+              if not any(dev == d and contains(r, q) for r, dev, _ in sources)]
+    return b, sources, remote
+
+
 def assert_delivers(ex, pieces, needs, agg, values, truth) -> None:
     """Run `ex` on the values and check every need against the true tensor."""
     fs = run_exchange(ex, pieces, values, agg)

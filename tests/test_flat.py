@@ -15,15 +15,13 @@ from einsummable.backend import lowering
 from einsummable.backend.lowering import lower_exchange
 from einsummable.backend.runtime.pool import Pools, run_dist
 from einsummable.backend.runtime.simulator import simulate_programs
-from einsummable.core.geometry import contains
 from einsummable.planning import exchange as exchange_mod
-from einsummable.planning.folds import reduce_partials
 from einsummable.planning.timing import exchange_time
 from einsummable.topology import load_topology
 from experiments.patterns import pattern
 
 from helpers import ring4
-from test_exchange import assert_delivers, random_case
+from test_exchange import assert_delivers, folded_sources, random_case
 
 DGX1 = load_topology("dgx1-v100")
 H100X2 = load_topology("h100x8x2")
@@ -33,17 +31,8 @@ def _flat_program(info, pieces, needs, agg, topo, direct_folds=False, owners=Fal
     """The flat program itself (not the fastest kept): folds level by level, or with
     `direct_folds` every reader folding its needs from the holders, then the copies (with
     `owners`, from the full sources only, no delivered block sent on)."""
-    b = exchange_mod._synthesis(info, pieces, topo, "optimized", False)
-    b.flat = True
-    b.direct_folds = direct_folds
-    b.owners = owners
-    n_slices = pieces[0].n_slices
-    if n_slices > 1:
-        sources = reduce_partials(b, pieces, needs, n_slices)
-    else:
-        sources = [(p.region, p.device, -1) for p in pieces]
-    remote = [(q, d) for q, d in needs
-              if not any(dev == d and contains(r, q) for r, dev, _ in sources)]
+    b, sources, remote = folded_sources(info, pieces, needs, topo, flat=True,
+                                        direct_folds=direct_folds, owners=owners)
     exchange_mod._copy(b, list(sources), remote)
     return b.build()
 

@@ -12,17 +12,15 @@ from hypothesis import given, settings, strategies as st
 
 from einsummable.backend.lowering import lower_exchange
 from einsummable.backend.runtime.simulator import simulate_programs
-from einsummable.core.geometry import contains
 from einsummable.core.program import Assemble, Recv
 from einsummable.frontend.ir import TensorInfo
 from einsummable.planning import exchange as exchange_mod
 from einsummable.planning import paths, rings
-from einsummable.planning.folds import reduce_partials
 from einsummable.planning.placement import Piece
 from einsummable.planning.timing import exchange_time, link_bytes
 from einsummable.topology import load_topology
 
-from test_exchange import assert_delivers, random_case
+from test_exchange import assert_delivers, folded_sources, random_case
 
 DGX1 = load_topology("dgx1-v100")
 
@@ -30,16 +28,8 @@ DGX1 = load_topology("dgx1-v100")
 def _ring_program(info, pieces, needs, topo, multipath=False):
     """The ring program itself (folds and copies round the rings), not the fastest kept;
     with `multipath`, the plain program sending large blocks over several paths instead."""
-    b = exchange_mod._synthesis(info, pieces, topo, "optimized", False)
-    b.rings = not multipath
-    b.multipath = multipath
-    n_slices = pieces[0].n_slices
-    if n_slices > 1:
-        sources = reduce_partials(b, pieces, needs, n_slices)
-    else:
-        sources = [(p.region, p.device, -1) for p in pieces]
-    remote = [(q, d) for q, d in needs
-              if not any(dev == d and contains(r, q) for r, dev, _ in sources)]
+    b, sources, remote = folded_sources(info, pieces, needs, topo, rings=not multipath,
+                                        multipath=multipath)
     b.path_blocks = paths.blocks_sent(sources, remote)
     if multipath or not rings.ring_copy(b, sources, remote):
         exchange_mod._copy(b, list(sources), remote)

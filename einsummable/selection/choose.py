@@ -120,10 +120,7 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
     plans: list[tuple[str, Plan]] = []
     left_out: list[tuple[str, str]] = []
     shared = None  # one model for every named plan, built when the first needs it
-    ranks = set(pool_labels(options, (), False, pool)) - {OPTIMIZED}
-    for label in pool_labels(options, strategies, serial, pool):
-        if label in ranks:
-            continue  # solved with the optimum, below
+    for label in pool_labels(options, strategies, serial, pool=1):  # the pool's in OPTIMIZED
         if label == OPTIMIZED:
             for rank, plan in enumerate(optimize_pool(graph, topology, pool, time_limit_s,
                                                       options=options, cache=cache), 1):

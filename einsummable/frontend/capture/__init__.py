@@ -157,13 +157,16 @@ def trace_step(module: torch.nn.Module, args: Sequence[Any], loss_fn: Any,
 
 
 def bind_step(step: StepGraph, module: torch.nn.Module, args: Sequence[Any],
-              targets: Sequence[Any]) -> dict[str, torch.Tensor]:
+              targets: Sequence[Any], given: Mapping[str, torch.Tensor] | None = None
+              ) -> dict[str, torch.Tensor]:
     """The inputs of a `trace_step` graph: the arguments and targets in order, the module's
-    parameters and buffers by name."""
+    parameters and buffers by name. `given`: inputs the caller holds (an optimizer's state
+    and step scalars, `training.TrainStep`), taken as they are."""
+    given = dict(given or {})
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
     flat = [t for t in pytree.tree_leaves(args + targets) if isinstance(t, torch.Tensor)]
-    user = [t for t in step.graph.inputs if t.kind == "input"]
+    user = [t for t in step.graph.inputs if t.kind == "input" and t.name not in given]
     if len(user) != len(flat):
         raise EinsummableError(f"the step takes {len(user)} tensors (arguments, then targets), "
                                f"got {len(flat)}", fix="pass the args and targets it was traced with")
@@ -171,11 +174,13 @@ def bind_step(step: StepGraph, module: torch.nn.Module, args: Sequence[Any],
     state = dict(module.named_parameters(remove_duplicate=False))
     state.update(dict(module.named_buffers(remove_duplicate=False)))
     for t in step.graph.weights:
+        if t.name in given:
+            continue
         if t.name not in state:
             raise EinsummableError(f"weight {t.name!r} is not a parameter or buffer of the module",
                                    fix="bind with the module that was traced")
         out[t.name] = state[t.name].detach()
-    return out
+    return {**out, **given}
 
 
 @contextlib.contextmanager
