@@ -54,7 +54,8 @@ import yaml
 
 from einsummable.backend.lowering import Lowered, lower
 from einsummable.backend.runtime.pool import Pools
-from einsummable.backend.runtime.local import RankState, run_local
+from einsummable.backend.runtime.local import run_local
+from einsummable.backend.runtime.rank_state import RankState
 from einsummable.backend.runtime.simulator import KERNELS, simulate_programs
 from einsummable.commands.calibrate.clock import Span, check_device, synchronize
 from einsummable.core.program import Compute

@@ -163,7 +163,7 @@ def test_sdpa_reads_the_captured_blocks_in_place(batch, monkeypatch):
         return real(q, k, v, **kw)
     monkeypatch.setattr(kernels, "_attention", spy_run)
     monkeypatch.setitem(kernels.KERNELS, "attention", dataclasses.replace(
-        kernels.KERNELS["attention"], run=spy_run))
+        kernels.KERNELS["attention"], run=spy_run, bind=None))
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     with torch.no_grad():
         got = evaluate(g, bind(g, module, (x,)))[g.outputs[0]]

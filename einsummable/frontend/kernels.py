@@ -50,6 +50,10 @@ class Kernel:
     run: Callable[[FusedOp, Sequence[torch.Tensor], Ranges], torch.Tensor]
     flops: Callable[[FusedOp], int]
     doc: str
+    # The kernel for blocks of given extents with what depends on them worked out once
+    # (executors bind each instruction's kernel once per plan); None: `run` as it is.
+    bind: Callable[[FusedOp, Ranges], Callable[[Sequence[torch.Tensor]], torch.Tensor]] \
+        | None = None
 
 
 def _sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
@@ -143,6 +147,15 @@ def run_kernel(op: FusedOp, blocks: Sequence[torch.Tensor], ranges: Ranges) -> t
     return KERNELS[op.fused].run(op, blocks, ranges)
 
 
+def bind_kernel(op: FusedOp, ranges: Ranges) -> Callable[[Sequence[torch.Tensor]], torch.Tensor]:
+    """`run_kernel` with the op and its block ranges bound."""
+    kernel = KERNELS[op.fused]
+    if kernel.bind is not None:
+        return kernel.bind(op, ranges)
+    run = kernel.run
+    return lambda blocks: run(op, blocks, ranges)
+
+
 # --------------------------------------------------------------------------- added by capture
 
 def _fine_blocks(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
@@ -165,10 +178,7 @@ def _attention(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch
     value-width ("f") modes; every other output mode is a batch mode (batch, heads, or the
     query-group mode of grouped-query attention, which k and v lack). Operand 3, if present, is
     an additive mask over a subset of the batch, query and key modes."""
-    fast = _sdpa_plan(op)
-    if fast is not None:
-        return _attention_sdpa(op, xs, ranges, fast)
-    return _attention_einsum(op, xs, ranges)
+    return bind_attention(op, ranges)(xs)
 
 
 @dataclass(frozen=True)
@@ -208,57 +218,112 @@ def _sdpa_plan(op: FusedOp) -> _SdpaPlan | None:
     return _SdpaPlan(shared, group, names, out_modes)
 
 
-def _to(t: torch.Tensor, have: str, want: str, ext: dict[str, int]) -> torch.Tensor:
-    """Permute the per-mode view `t` (modes `have`) to `want`; absent modes become size 1."""
-    present = [m for m in want if m in have]
-    t = t.permute([have.index(m) for m in present]) if list(present) != list(have) else t
-    return t.reshape([ext[m] if m in have else 1 for m in want]) if len(present) != len(want) \
-        else t
+class _Views:
+    """A chain of view calls (reshape, permute, expand) on an operand whose shape is known
+    when a kernel is bound to its block extents: worked out once, identity steps dropped, so
+    a call pays for the views that change something (each view call costs about a
+    microsecond, as much as small blocks' arithmetic)."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        self.start = torch.Size(shape)
+        self.shape = self.start
+        self.steps: list[tuple[str, tuple[int, ...]]] = []
+
+    def reshape(self, shape: Sequence[int]) -> "_Views":
+        shape = torch.Size(shape)
+        if shape != self.shape:
+            self.steps.append(("reshape", tuple(shape)))
+            self.shape = shape
+        return self
+
+    def expand(self, shape: Sequence[int]) -> "_Views":
+        shape = torch.Size(shape)
+        if shape != self.shape:
+            self.steps.append(("expand", tuple(shape)))
+            self.shape = shape
+        return self
+
+    def to_modes(self, have: str, want: str, ext: Mapping[str, int]) -> "_Views":
+        """From one axis per mode of `have` to `want`'s order; absent modes become size 1."""
+        present = [m for m in want if m in have]
+        if present != list(have):
+            perm = tuple(have.index(m) for m in present)
+            self.steps.append(("permute", perm))
+            self.shape = torch.Size(self.shape[i] for i in perm)
+        return self.reshape([ext[m] if m in have else 1 for m in want])
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        if t.shape != self.start:  # a block in another grouping of the same elements
+            t = t.reshape(self.start)
+        for name, arg in self.steps:
+            t = getattr(t, name)(arg)
+        return t
 
 
-def _attention_sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges,
-                    plan: _SdpaPlan) -> torch.Tensor:
+def _bind_sdpa(op: FusedOp, ranges: Ranges, plan: _SdpaPlan
+               ) -> Callable[[Sequence[torch.Tensor]], torch.Tensor]:
+    """The attention op on blocks of these extents as torch's sdpa, its operands' views
+    worked out here (`_Views`)."""
     p = op.param
     qm, km, em, fm = p["q"], p["k"], p["e"], p["f"]
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     n = lambda ms: math.prod(ext[m] for m in ms)  # noqa: E731
     # Operands viewed with one axis per mode the plan uses (size-1 batch modes dropped).
-    fine = [x.reshape([ext[m] for m in nm]) for x, nm in zip(xs, plan.names)]
+    fine = [_Views([ext[m] for m in nm]) for nm in plan.names]
     sh, gr = plan.shared, plan.group
     # sdpa's (N, H, L, E): the last shared mode (with the query groups) is H, the other
     # shared modes are N. Operands are permuted views; splitting there, not at N = 1, keeps
     # them views (merging a permuted batch and head mode would copy every operand).
     lead, head = sh[:-1], sh[-1:]
-    q = _to(fine[0], plan.names[0], sh + gr + qm + em, ext).reshape(
-        n(lead), n(head + gr), n(qm), n(em))
-    k = _to(fine[1], plan.names[1], sh + km + em, ext)
-    v = _to(fine[2], plan.names[2], sh + km + fm, ext)
-    k = k.expand([ext[m] for m in sh + km + em]).reshape(n(lead), n(head), n(km), n(em))
-    v = v.expand([ext[m] for m in sh + km + fm]).reshape(n(lead), n(head), n(km), n(fm))
-    mask = None
-    causal = False
+    q = fine[0].to_modes(plan.names[0], sh + gr + qm + em, ext).reshape(
+        (n(lead), n(head + gr), n(qm), n(em)))
+    k = fine[1].to_modes(plan.names[1], sh + km + em, ext).expand(
+        [ext[m] for m in sh + km + em]).reshape((n(lead), n(head), n(km), n(em)))
+    v = fine[2].to_modes(plan.names[2], sh + km + fm, ext).expand(
+        [ext[m] for m in sh + km + fm]).reshape((n(lead), n(head), n(km), n(fm)))
+    add = None
+    if len(plan.names) > 3:
+        add = fine[3].to_modes(plan.names[3], sh + gr + qm + km, ext).expand(
+            [ext[m] for m in sh + gr + qm + km]).reshape((n(lead), n(head + gr), n(qm), n(km)))
+    causal, positional = False, False
     if p.get("causal", False):
         (q0, _), (k0, _) = ranges[qm[0]], ranges[km[0]]
-        if len(qm) == 1 and len(km) == 1 and q0 == k0:
-            causal = True  # local and global positions agree: torch's top-left causal mask
-        else:
-            pq = _positions(qm, op, ranges, q.device)
-            pk = _positions(km, op, ranges, q.device)
-            mask = pk[None, :] <= pq[:, None]
-    if len(xs) > 3:
-        add = _to(fine[3], plan.names[3], sh + gr + qm + km, ext)
-        add = add.expand([ext[m] for m in sh + gr + qm + km]).reshape(
-            n(lead), n(head + gr), n(qm), n(km))
-        add = add.to(q.dtype)
-        mask = add if mask is None else add.masked_fill(~mask, float("-inf"))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=causal, scale=p["scale"],
-        enable_gqa=n(gr) > 1)
-    if mask is not None:  # a fully masked row is NaN in torch; it contributes nothing here
-        out = torch.nan_to_num(out, nan=0.0)
-    out = out.reshape([ext[m] for m in sh + gr + qm + fm])
+        # local and global positions agree: torch's top-left causal mask; else a mask of
+        # global positions
+        causal = len(qm) == 1 and len(km) == 1 and q0 == k0
+        positional = not causal
     have = sh + gr + qm + fm
-    return out.permute([have.index(m) for m in plan.out]) if have != plan.out else out
+    out = _Views([n(lead), n(head + gr), n(qm), n(fm)]).reshape(
+        [ext[m] for m in have]).to_modes(have, plan.out, ext)
+    scale, gqa = p["scale"], n(gr) > 1
+
+    def run(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        qt = q(xs[0])
+        mask = None
+        if positional:
+            pq = _positions(qm, op, ranges, qt.device)
+            pk = _positions(km, op, ranges, qt.device)
+            mask = pk[None, :] <= pq[:, None]
+        if add is not None:
+            extra = add(xs[3]).to(qt.dtype)
+            mask = extra if mask is None else extra.masked_fill(~mask, float("-inf"))
+        y = torch.nn.functional.scaled_dot_product_attention(
+            qt, k(xs[1]), v(xs[2]), attn_mask=mask, is_causal=causal, scale=scale,
+            enable_gqa=gqa)
+        if mask is not None:  # a fully masked row is NaN in torch; it contributes nothing here
+            y = torch.nan_to_num(y, nan=0.0)
+        return out(y)
+    return run
+
+
+def bind_attention(op: FusedOp, ranges: Ranges
+                   ) -> Callable[[Sequence[torch.Tensor]], torch.Tensor]:
+    """The attention kernel on blocks of these extents, with what depends on them worked out
+    once (executors bind each instruction's kernel once per plan)."""
+    fast = _sdpa_plan(op)
+    if fast is not None:
+        return _bind_sdpa(op, ranges, fast)
+    return lambda xs: _attention_einsum(op, xs, ranges)
 
 
 def _attention_einsum(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
@@ -309,7 +374,7 @@ KERNELS.update({
     k.name: k for k in (
         Kernel("attention", _attention, _attention_flops,
                "attention over any layout (views read in place, grouped-query heads shared); "
-               "splits batch, head and query modes"),
+               "splits batch, head and query modes", bind_attention),
         Kernel("embedding", _embedding, _elementwise_flops(1),
                "table lookup; splits the index modes and the embedding width"),
     )

@@ -14,7 +14,7 @@ from ..errors import EinsummableError, ShapeError
 from .constant_kernels import selection_kernel
 from .einsum import flat_modes
 from .ir import Constant, Graph, Op, TensorInfo
-from .kernels import run_kernel
+from .kernels import bind_kernel
 from .scalar import FUNCTIONS, Expr, reduce
 from .scalar import evaluate as eval_expr
 
@@ -44,7 +44,8 @@ def op_runner(op: Op, ranges: Mapping[str, Range] | None = None,
     if op.fused is not None:
         rng = dict(ranges)
         out_shape = torch.Size(math.prod(rng[m][1] - rng[m][0] for m in g) for g in op.out_dims)
-        return lambda blocks: shaped(run_kernel(op, blocks, rng), out_shape)
+        bound = bind_kernel(op, rng)
+        return lambda blocks: shaped(bound(blocks), out_shape)
     ext = tuple(ranges[m][1] - ranges[m][0] for m in op.modes)
     for i, value in (known or {}).items():
         special = selection_kernel(op, dict(zip(op.modes, ext)), i, value)

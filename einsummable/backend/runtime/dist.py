@@ -27,8 +27,9 @@ import torch
 from ...core.program import Pack, Place, Recv, Send, Slice, Unpack, batch_keepers, reads
 from ...errors import RuntimeFault
 from ..lowering import Lowered
-from .local import RankState, step_handler
+from .rank_state import RankState, step_handler
 from .outbox import Once, Outbox
+from .straight import runs_straight, straight_runner
 
 # Seconds any single wait may take before the rank gives up (well under the 60 s fault bound).
 WAIT_TIMEOUT_S: float = 30.0
@@ -66,7 +67,6 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
     caches constant blocks across runs of the same plan. With `timeline` (a list), appends
     (pc, kind, reached_s, start_s, end_s) per instruction, as the simulator's trace: reached
     when the rank got to it, start once its received inputs were there (perf_counter s)."""
-    import torch.distributed as dist
     prog = low.programs[rank]
     st = RankState(low, prog, {}, device, consts)
     on = torch.device(device)
@@ -75,6 +75,12 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         block = blocks[(tensor, region if isinstance(region, tuple) else tuple(region))]
         return block.to(on)
     st.place = place  # type: ignore[method-assign]
+    if timeline is None and fault_after is None and runs_straight(st.consts, prog):
+        # Nothing to post or wait for (a one-device plan, a rank with replicated work): the
+        # program runs as its bound steps in order (`straight.py`).
+        straight_runner(st)()
+        return st.outputs
+    import torch.distributed as dist
     wait_for: dict[int, list] = {}     # buf -> works that fill it
     # buf -> parts of packed receives it waits for: (packed buf, part view, copy target or None)
     unpacked: dict[int, list] = {}
@@ -124,13 +130,6 @@ def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Te
         batch.clear()
 
     table = _dispatch(st.consts, prog)
-    if timeline is None and fault_after is None and all(code == _HOST or code == _KERNEL
-                                                        for code, _, _ in table):
-        # Nothing to post or wait for (a one-device plan, a rank with replicated work): the
-        # program is its handlers in order.
-        for ins, (_, _, run) in zip(prog.instrs, table):
-            run(st, ins)
-        return st.outputs
     clock = time.perf_counter
     for count, (ins, (code, rd, run)) in enumerate(zip(prog.instrs, table)):
         if fault_after is not None and count == fault_after:
