@@ -53,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--width", type=float, default=None, help="scale a preset's width")
     p.add_argument("--weights", default="sharded", choices=("sharded", "free"))
+    p.add_argument("--nodes", default="free", choices=("free", "parallel"),
+                   help="on a machine of several nodes: search every level (free, beside the "
+                        "node-parallel optimum), or only plans in which each node runs its "
+                        "share of the batch (parallel; a search the size of one node's)")
     p.add_argument("--steady-state", action="store_true",
                    help="leave the output in the layout the input arrived in (stacked blocks)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -123,11 +127,12 @@ def _make(args: argparse.Namespace):
                           steady_state=args.steady_state)
     elif args.mip_only:
         plan = optimize(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
-                        steady_state=args.steady_state, cache=not args.no_cache)
+                        steady_state=args.steady_state, cache=not args.no_cache,
+                        nodes=args.nodes)
     else:
         plan = choose_plan(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
                            steady_state=args.steady_state, cache=not args.no_cache,
-                           jobs=args.jobs, pool=args.pool)
+                           jobs=args.jobs, pool=args.pool, nodes=args.nodes)
     return plan, graph, topo
 
 

@@ -36,7 +36,8 @@ MB = 1e6
 
 def resolve_options(options: Options | None = None, *, weights: str | None = None,
                     steady_state: bool | None = None, cost_model: CostModel | None = None,
-                    exchange_mode: str | None = None, overlap: bool | None = None) -> Options:
+                    exchange_mode: str | None = None, overlap: bool | None = None,
+                    nodes: str | None = None) -> Options:
     """`options` (default `Options()`) with each keyword that is given in place of its field.
     The keywords are shortcuts for the fields, so one that contradicts `options`, or
     `exchange_mode` that contradicts `cost_model`, is an error rather than a silent choice."""
@@ -48,7 +49,8 @@ def resolve_options(options: Options | None = None, *, weights: str | None = Non
     cost = cost_model or base.cost
     if exchange_mode is not None:
         cost = dataclasses.replace(cost, exchange_mode=exchange_mode)
-    given = {"weights": weights, "steady_state": steady_state, "cost": cost, "overlap": overlap}
+    given = {"weights": weights, "steady_state": steady_state, "cost": cost, "overlap": overlap,
+             "nodes": nodes}
     given = {k: v for k, v in given.items() if v is not None}
     if options is not None:
         for k, v in given.items():
@@ -161,7 +163,8 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
              options: Options | None = None, solver: str = "highs",
              cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
              exchange_mode: str | None = None, warm_start: bool = True,
-             pricer: EdgePricer | None = None, overlap: bool | None = None) -> Plan:
+             pricer: EdgePricer | None = None, overlap: bool | None = None,
+             nodes: str | None = None) -> Plan:
     """The MIP-optimal Plan for `graph` on `topology` (`model.py` states the MIP).
 
     options: what defines the model (`Options`: weights, steady_state, cost model, overlap);
@@ -183,7 +186,7 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     topology = load_topology(topology)
     options = resolve_options(options, weights=weights, steady_state=steady_state,
                               cost_model=cost_model, exchange_mode=exchange_mode,
-                              overlap=overlap)
+                              overlap=overlap, nodes=nodes)
     path = None
     if cache:
         d = cache_dir(None if cache is True else cache)

@@ -50,6 +50,7 @@ from typing import Mapping
 from ..errors import PlanError
 from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
+from ..planning.node_parallel import node_parallel_candidates
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
 from ..planning.kernel_time import contention_share, copy_charge
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate, rereads
@@ -121,13 +122,20 @@ def producer_key(graph: Graph, tensor: str) -> str:
     return p.name if p is not None else INPUT_PREFIX + tensor
 
 
+def model_candidates(graph: Graph, topology, options: Options,
+                     r: Roles | None = None) -> dict[str, OpCandidates]:
+    """Every node's candidates for the options' search: every level, or node-parallel."""
+    if options.nodes == "parallel":
+        return node_parallel_candidates(graph, topology, weights=options.weights, r=r)
+    return graph_candidates(graph, topology, weights=options.weights, r=r)
+
+
 def build_model(graph: Graph, topology, options: Options = Options(),
                 nodes: dict[str, OpCandidates] | None = None,
                 pricer: EdgePricer | None = None) -> Model:
     t_build = time.perf_counter()
     r = roles(graph)
-    nodes = nodes if nodes is not None else graph_candidates(graph, topology,
-                                                             weights=options.weights, r=r)
+    nodes = nodes if nodes is not None else model_candidates(graph, topology, options, r)
     pricer = pricer or EdgePricer(topology, options.cost)
     sh = BuildMemo(graph, topology, options, pricer)
     compute = {k: sh.compute(oc) for k, oc in nodes.items()}

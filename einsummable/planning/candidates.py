@@ -209,9 +209,19 @@ def describe(level_parts: LevelParts, level_names: Sequence[str], fanouts: Seque
     return " | ".join(parts)
 
 
+def level_candidates(op: Op, topology, *, replicate: bool, forbidden: frozenset[str],
+                     slow_replicate: bool = False
+                     ) -> tuple[tuple[Candidate, ...], tuple[LevelParts, ...]]:
+    """An op's candidates and their parts per level under the module's rules; `forbidden`
+    modes are never split; `slow_replicate` lets a slow level replicate an op that is not a
+    graph input (a node-parallel plan's tables, `node_parallel.py`)."""
+    return _op_candidates(op, topology, replicate, forbidden, MAX_SPLIT_MODES, slow_replicate)
+
+
 @lru_cache(maxsize=8192)
 def _op_candidates(op: Op, topology, replicate: bool, forbidden: frozenset[str],
-                   max_split: int) -> tuple[tuple[Candidate, ...], tuple[LevelParts, ...]]:
+                   max_split: int, slow_replicate: bool = False
+                   ) -> tuple[tuple[Candidate, ...], tuple[LevelParts, ...]]:
     fan = topology.fanouts()
     names = [lv.name for lv in topology.levels]
     per_level = []
@@ -221,7 +231,7 @@ def _op_candidates(op: Op, topology, replicate: bool, forbidden: frozenset[str],
         cap = max_split
         if multi and max_split == MAX_SPLIT_MODES:
             cap = SLOW_LEVEL_SPLIT_MODES if slow else MULTI_LEVEL_FAST_SPLIT_MODES
-        rep = replicate and not (slow and not op.name.startswith(INPUT_PREFIX))
+        rep = replicate and (slow_replicate or not (slow and not op.name.startswith(INPUT_PREFIX)))
         decs = []
         for dec in decompositions(op, f, replication=rep):
             split = dec.split_modes()

@@ -91,6 +91,7 @@ from .paths import blocks_sent, spread_send, worth_paths
 from .rings import is_mesh, mesh_rings, ring_copy
 from .trees import scatter_copy, tree_copy, worth_trees
 from .broadcasts import rail_scatter_copy
+from .node_copies import replicate, split_by_node
 
 # --------------------------------------------------------------------------- synthesis
 
@@ -282,6 +283,9 @@ def synthesize(info: TensorInfo, produced: Sequence[Piece], needs: Sequence[tupl
     if n_slices > 1 and agg is None:
         raise PlanError(f"tensor {info.name!r} is produced as {n_slices} partial results but "
                         "has no aggregation to fold them", fix="give the producer's aggregation")
+    split = split_by_node(produced, needs, n_slices, topology) if mode == "optimized" else None
+    if split is not None:  # one node's exchange on every node: synthesised once
+        return replicate(synthesize(info, split.produced, split.needs, agg, topology, mode), split)
     plain = _synthesize(info, produced, needs, n_slices, topology, mode, spread=False)
     if mode != "optimized" or not _crosses_rails(plain, topology):
         return plain

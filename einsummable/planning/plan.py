@@ -26,6 +26,9 @@ from .placement import INPUT_PREFIX, Candidate
 
 FORMAT = "einsummable.plan/1"
 WEIGHT_MODES = ("sharded", "free")
+# "free": every level searched; "parallel": the slowest level fixed, each node running its
+# share of the batch (`planning/node_parallel.py`).
+NODE_MODES = ("free", "parallel")
 
 
 def _num(x: float | None) -> float | None:
@@ -51,25 +54,36 @@ class Options:
     cost: the cost model's knobs (`cost.CostModel`).
     overlap: weight exchanges stream behind compute (objective A + max(C, W), see
     `optimizer/objective.py`); False prices every exchange on the critical path.
+    nodes: "free" (every level of the machine searched) or "parallel" (on a machine of
+    several nodes, each node runs its share of the batch and the search covers the levels
+    inside a node: `planning/node_parallel.py`).
     """
     weights: str = "sharded"
     steady_state: bool = False
     cost: CostModel = field(default_factory=CostModel)
     overlap: bool = True
+    nodes: str = "free"
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_MODES:
             raise PlanError(f"unknown weights option {self.weights!r}",
                             fix=f"use one of: {', '.join(WEIGHT_MODES)}")
+        if self.nodes not in NODE_MODES:
+            raise PlanError(f"unknown nodes option {self.nodes!r}",
+                            fix=f"use one of: {', '.join(NODE_MODES)}")
 
     def to_dict(self) -> dict:
-        return {"weights": self.weights, "steady_state": self.steady_state,
-                "cost": self.cost.to_dict(), "overlap": self.overlap}
+        d = {"weights": self.weights, "steady_state": self.steady_state,
+             "cost": self.cost.to_dict(), "overlap": self.overlap}
+        if self.nodes != "free":  # absent when free: plans and cache keys from before hold
+            d["nodes"] = self.nodes
+        return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Options":
         return Options(str(d.get("weights", "sharded")), _flag(d, "steady_state", False),
-                       CostModel.from_dict(d.get("cost", {})), _flag(d, "overlap", True))
+                       CostModel.from_dict(d.get("cost", {})), _flag(d, "overlap", True),
+                       str(d.get("nodes", "free")))
 
 
 @dataclass(frozen=True)
@@ -205,7 +219,8 @@ class Plan:
             raise PlanError(f"not a plan file (format {d.get('format')!r})",
                             fix=f"write plans with Plan.to_json ({FORMAT})")
         opts = d.get("options", {})
-        unknown = sorted(set(opts) - set(Options().to_dict()) - set(_ORIGIN_KEYS))
+        known = Options(nodes="parallel").to_dict()  # every key, those left out when default
+        unknown = sorted(set(opts) - set(known) - set(_ORIGIN_KEYS))
         if unknown:
             raise PlanError(f"plan options hold unknown keys {unknown}",
                             fix="regenerate the plan with this version of einsummable")

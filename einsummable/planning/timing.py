@@ -107,6 +107,8 @@ def exchange_parts(ex: Exchange, topology, batched: bool = False) -> tuple[float
     after the last round (`stitch_time`)."""
     if not ex:
         return 0.0, 0.0
+    if ex.one_copy is not None:  # the same exchange on every node at once: one's time
+        return exchange_parts(ex.one_copy, topology, batched)
     if replays(topology):
         seconds, wire = _replayed(ex, topology)
         return seconds, seconds - wire

@@ -70,6 +70,9 @@ class Exchange:
     copied: tuple[tuple[int, Region], ...] = ()
     one_pack: bool = False
     flat: bool = False
+    # The exchange is this one repeated on every node, on disjoint devices and links
+    # (`node_copies.py`): it takes one copy's time, and is timed as that copy.
+    one_copy: "Exchange | None" = None
 
     @property
     def n_rounds(self) -> int:

@@ -7,7 +7,8 @@ Where the two disagree the MIP's optimum need not be the fastest plan, so the pl
 is
 
     p* = argmin over p in P of T_sim(p),
-    P = {MIP optimum} u {the MIP's next plans} u {named strategies} u {variants}
+    P = {MIP optimum} u {the MIP's next plans} u {the MIP's node-parallel optimum}
+        u {named strategies} u {variants}
 
 ties going to the earlier member of P (the MIP's optimum first). Every member is a plan of
 the same graph and topology under the same weights option (a strategy that needs other
@@ -27,6 +28,12 @@ The MIP's next plans (`optimizer/pool.py`): the optimum on the objective where e
 before it is cut off together with every plan that splits the time-heavy ops as it does, so
 each is a different way of cutting the work, close on the objective, that the simulator may
 order otherwise (`pool`, default DEFAULT_POOL plans in all).
+
+The node-parallel optimum (machines of several nodes, `planning/node_parallel.py`): the MIP
+over plans in which each node runs its share of the batch, the levels inside a node searched.
+Its search has the size of one node's, so within a time limit it often ends at a better plan
+than the search over every level, which it cannot beat on the objective given time (it is
+a subset of that search's plans, bar the tables it replicates over nodes).
 
 Variants: the MIP re-solved under the other overlap rule (every exchange on the critical path
 instead of weights streamed behind compute), a different prediction of the same programs,
@@ -49,11 +56,13 @@ from ..optimizer.model import build_model
 from ..errors import InfeasibleError, PlanError
 from ..optimizer.memory import fits
 from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS, named_assignment
+from ..planning import node_parallel
 from ..planning.plan import Considered, Judged, Options, Plan
 from ..topology import load_topology
 
 OPTIMIZED = "optimized"
 SERIAL = "optimized-serial"  # the MIP under the other overlap rule
+NODES = "optimized-nodes"  # the MIP over node-parallel plans (machines of several nodes)
 BLOCK, PROGRAM = "block", "program"
 # Plans of the MIP's pool the simulator judges by default: the optimum and the next that
 # splits a time-heavy op otherwise. On h100x8x2's llama-7b block the optimum simulates at
@@ -77,13 +86,17 @@ def simulated_s(plan: Plan, measure: str | None = None) -> tuple[float, str]:
 
 
 def pool_labels(options: Options, strategies: Sequence[str] = NAMED,
-                serial: bool = False, pool: int = DEFAULT_POOL) -> tuple[str, ...]:
+                serial: bool = False, pool: int = DEFAULT_POOL,
+                nodes: bool = False) -> tuple[str, ...]:
     """The labels of the plans considered, in tie-breaking order: the MIP's `pool` plans
-    (fewer where the cuts leave none), its serial variant, the named strategies."""
+    (fewer where the cuts leave none), the MIP over node-parallel plans (`nodes`: on a
+    machine of several nodes, with every level searched otherwise), its serial variant, the
+    named strategies."""
     named = tuple(s for s in strategies
                   if STRATEGY_WEIGHTS.get(s, options.weights) == options.weights)
     ranks = tuple(pool_label(rank) for rank in range(1, pool + 1))
-    return ranks + ((SERIAL,) if serial else ()) + named
+    nodes = nodes and options.nodes == "free"
+    return ranks + ((NODES,) if nodes else ()) + ((SERIAL,) if serial else ()) + named
 
 
 def pool_label(rank: int) -> str:
@@ -120,27 +133,36 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
     plans: list[tuple[str, Plan]] = []
     left_out: list[tuple[str, str]] = []
     shared = None  # one model for every named plan, built when the first needs it
-    for label in pool_labels(options, strategies, serial, pool=1):  # the pool's in OPTIMIZED
+    named_options = dataclasses.replace(options, nodes="free")  # the strategies as they are
+    for label in pool_labels(options, strategies, serial, pool=1,  # the pool's in OPTIMIZED
+                             nodes=node_parallel.applies(topology)):
         if label == OPTIMIZED:
             for rank, plan in enumerate(optimize_pool(graph, topology, pool, time_limit_s,
                                                       options=options, cache=cache), 1):
                 plans.append((pool_label(rank), plan))
             continue
+        elif label == NODES:
+            try:
+                plan = optimize(graph, topology, time_limit_s, cache=cache,
+                                options=dataclasses.replace(options, nodes="parallel"))
+            except PlanError as e:  # e.g. a batch the nodes do not divide: recorded
+                left_out.append((label, str(e)))
+                continue
         elif label == SERIAL:
             other = dataclasses.replace(options, overlap=not options.overlap)
             plan = optimize(graph, topology, time_limit_s, options=other, cache=cache)
         elif label == ONE_DEVICE:
             try:
-                plan = named_plan(graph, topology, label, options=options)
+                plan = named_plan(graph, topology, label, options=named_options)
             except InfeasibleError as e:  # recorded in Plan.judged, not hidden
                 left_out.append((label, str(e)))
                 continue
         else:
-            shared = shared or build_model(graph, topology, options)
+            shared = shared or build_model(graph, topology, named_options)
             if not fits(shared.memory, shared.capacities, named_assignment(shared, label)[0]):
                 left_out.append((label, "over a device's memory"))  # not a legal plan here
                 continue
-            plan = named_plan(graph, topology, label, options=options, model=shared)
+            plan = named_plan(graph, topology, label, options=named_options, model=shared)
         plans.append((label, plan))
     times = _simulate_all([p for _, p in plans], jobs, measure)
     judged = []
