@@ -36,8 +36,9 @@ OBJECTIVE_REL_TOL = 1e-9
 # stitching copies on the GPUs' copy streams, charged what they take from kernels; 13: ring
 # and multipath programs on meshes, forwarded parts sent from where they landed; 14: direct
 # folds, pipelined folds a round after arrival, a round's strided sends packed by one kernel;
-# 15: files carry their plan's digest; 16: flat programs, broadcasts and gathers by rail).
-CACHE_VERSION = 16
+# 15: files carry their plan's digest; 16: flat programs, broadcasts and gathers by rail;
+# 17: an exchange that is one node's on every node synthesised per node).
+CACHE_VERSION = 17
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"
