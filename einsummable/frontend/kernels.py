@@ -145,13 +145,13 @@ def run_kernel(op: FusedOp, blocks: Sequence[torch.Tensor], ranges: Ranges) -> t
 
 # --------------------------------------------------------------------------- added by capture
 
-def _fine_blocks(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
+def fine_blocks(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
     """Blocks viewed with one axis per mode (grouped dims split), block-local extents."""
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     return [x.reshape([ext[m] for g in d for m in g]) for x, d in zip(xs, op.in_dims)]
 
 
-def _positions(modes: str, op: FusedOp, ranges: Ranges, device) -> torch.Tensor:
+def positions(modes: str, op: FusedOp, ranges: Ranges, device) -> torch.Tensor:
     """Global flat index (row-major over `modes`, full sizes) of every element of a block."""
     pos = torch.zeros((), dtype=torch.long, device=device)
     for m in modes:
@@ -242,8 +242,8 @@ def _attention_sdpa(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges,
         if len(qm) == 1 and len(km) == 1 and q0 == k0:
             causal = True  # local and global positions agree: torch's top-left causal mask
         else:
-            pq = _positions(qm, op, ranges, q.device)
-            pk = _positions(km, op, ranges, q.device)
+            pq = positions(qm, op, ranges, q.device)
+            pk = positions(km, op, ranges, q.device)
             mask = pk[None, :] <= pq[:, None]
     if len(xs) > 3:
         add = _to(fine[3], plan.names[3], sh + gr + qm + km, ext)
@@ -265,7 +265,7 @@ def _attention_einsum(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -
     """Any layout the sdpa path does not take: scores, mask, float softmax, probs·v."""
     p = op.param
     qm, km, fm = p["q"], p["k"], p["f"]
-    fine = _fine_blocks(op, xs, ranges)
+    fine = fine_blocks(op, xs, ranges)
     names = ["".join(flat_modes(d)) for d in op.in_dims]
     batch = "".join(m for m in op.out_modes if m not in qm and m not in fm
                     and (m in names[0] or m in names[1]))
@@ -273,8 +273,8 @@ def _attention_einsum(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -
     scores = torch.einsum(f"{names[0]},{names[1]}->{target}", fine[0], fine[1]) * p["scale"]
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     if p.get("causal", False):
-        pq = _positions(qm, op, ranges, scores.device)
-        pk = _positions(km, op, ranges, scores.device)
+        pq = positions(qm, op, ranges, scores.device)
+        pk = positions(km, op, ranges, scores.device)
         hide = (pk[None, :] > pq[:, None]).reshape([ext[m] for m in qm + km])
         scores = scores.masked_fill(hide, float("-inf"))
     if len(xs) > 3:
