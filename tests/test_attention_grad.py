@@ -1,7 +1,11 @@
 """The attention backward's kernel ("attention_grad"): its three ops equal torch.autograd's
 gradients of attention, and every decomposition of each (batch, heads and queries split; dK
-and dV as partial sums over the queries) equals the whole op."""
+and dV as partial sums over the queries) equals the whole op. Attention torch runs as math
+attention (keys broadcast over the batch) captures spelled out, its guard for fully masked
+rows rewritten (`capture/joint.py`)."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ from einsummable.frontend.capture import trace_step
 from einsummable.frontend.reference import evaluate_op
 from einsummable.planning.spec import decompositions
 
-from helpers import evaluate_by_tuples, max_rel_err
+from helpers import Fn, evaluate_by_tuples, max_rel_err
 
 TOL = 1e-5
 
@@ -78,3 +82,58 @@ def test_every_decomposition_of_the_backward_ops_equals_the_whole(mask):
                 got = evaluate_by_tuples(op, dec, blocks)
                 assert max_rel_err(got, whole) <= TOL, (op.param["wrt"], dec)
     assert seen_partial  # dK and dV were split over the queries they sum
+
+
+class _SharedKeys(torch.nn.Module):
+    """Keys and values of batch 1 broadcast over the queries' batch: torch's CPU kernel
+    refuses them, so sdpa runs as math attention. `mask`: the last query attends nothing."""
+
+    def __init__(self, masked: bool) -> None:
+        super().__init__()
+        self.masked = masked
+        self.w = torch.nn.Linear(8, 8, bias=False)
+        self.kv = torch.nn.Parameter(torch.randn(1, 2, 5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.w(x).view(b, t, 2, 4).transpose(1, 2)
+        if not self.masked:
+            return torch.nn.functional.scaled_dot_product_attention(q, self.kv, self.kv,
+                                                                    is_causal=True)
+        keep = torch.ones(t, 5, dtype=torch.bool)
+        keep[-1] = False
+        return torch.nn.functional.scaled_dot_product_attention(q, self.kv, self.kv,
+                                                                attn_mask=keep)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_math_attention_steps_give_autograds_gradients(masked):
+    from einsummable.frontend.capture import bind_step
+    from einsummable.frontend.reference import evaluate
+    torch.manual_seed(0)
+    module, x = _SharedKeys(masked), torch.randn(3, 5, 8)
+    y = torch.randn_like(module(x))
+    loss_fn = torch.nn.functional.mse_loss
+    step = trace_step(module, (x,), loss_fn, (y,))
+    assert not any(op.fused == "attention_grad" for op in step.graph.ops)  # spelled out
+    outs = evaluate(step.graph, bind_step(step, module, (x,), (y,)))
+    module.zero_grad()
+    loss = loss_fn(module(x), y)
+    loss.backward()
+    assert torch.isfinite(loss) and max_rel_err(outs[step.loss].reshape(()), loss.detach()) <= TOL
+    for name, out in step.grads:
+        want = dict(module.named_parameters())[name].grad
+        assert max_rel_err(outs[out].reshape(want.shape), want) <= TOL, name
+
+
+def test_nan_to_num_maps_only_nan_to_zero():
+    from einsummable.errors import UnsupportedOpError
+    from einsummable.frontend.capture import bind, trace
+    from einsummable.frontend.reference import evaluate
+    zero = Fn(lambda m, x: torch.nan_to_num(x, nan=0.0, posinf=math.inf, neginf=-math.inf))
+    graph = trace(zero, (torch.ones(3),))
+    x = torch.tensor([float("nan"), math.inf, -2.0])
+    got = evaluate(graph, bind(graph, zero, (x,)))[graph.outputs[0]]
+    assert got.tolist() == [0.0, math.inf, -2.0]
+    with pytest.raises(UnsupportedOpError, match="keeping infinities"):
+        trace(Fn(lambda m, x: torch.nan_to_num(x)), (torch.ones(3),))  # inf to the dtype's max
