@@ -173,9 +173,11 @@ def test_twenty_optimized_gpt2_steps_on_two_ranks_train_as_torch_optim(optimizer
     _gpt2_trains_as_torch_optim(optimizer, "cpu2", None)
 
 
-def test_twenty_gpt2_steps_split_over_queries_on_four_ranks_train_as_torch_optim():
-    # fsdp on four ranks splits batch and queries: dK and dV are folded partial sums
-    _gpt2_trains_as_torch_optim("adamw", "cpu4", "fsdp")
+# fsdp on four ranks splits batch and queries (dK and dV are folded partial sums); the MIP's
+# optimum splits the backward's ops over the batch
+@pytest.mark.parametrize("optimizer,strategy", [("adamw", "fsdp"), ("sgd", MIP)])
+def test_twenty_split_gpt2_steps_on_four_ranks_train_as_torch_optim(optimizer, strategy):
+    _gpt2_trains_as_torch_optim(optimizer, "cpu4", strategy)
 
 
 @pytest.mark.slow

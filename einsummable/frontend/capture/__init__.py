@@ -126,8 +126,9 @@ def trace_step(module: torch.nn.Module, args: Sequence[Any], loss_fn: Any,
     parameter as one graph (torch.export's joint forward-backward, lowered as `trace`
     lowers a forward). The backward's kernels are joins like the forward's: matmuls with
     transposed operands, elementwise derivatives, sums over the batch for the weights'
-    gradients. Inputs: the module's arguments, the targets and the parameters, named as
-    `trace` names them; bind them with `bind_step`."""
+    gradients; sdpa's backward is fused like its forward (`joint.py`, `attention.py`).
+    Inputs: the module's arguments, the targets and the parameters, named as `trace` names
+    them; bind them with `bind_step`."""
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
     step = _LossStep(module, loss_fn, len(args))
