@@ -88,6 +88,22 @@ def test_the_step_graph_gives_autograds_loss_and_gradients(case):
     _check(es.evaluate(step.graph, bind_step(step, module, (x,), (y,))), step, loss, grads)
 
 
+@pytest.mark.parametrize("model_type,overrides", [
+    ("gpt2", {"n_embd": 32, "n_head": 4}),
+    ("llama", {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 48})])
+def test_transformers_sdpa_layers_give_autograds_gradients(model_type, overrides):
+    # transformers' sdpa attention (GQA for llama): the backward as attention_grad ops
+    module, (x,) = es.models.hf(model_type, batch=2, seq=5, dtype=torch.float32,
+                                device="cpu", overrides=overrides)
+    y = torch.randn_like(module(x))
+    loss_fn = torch.nn.functional.mse_loss
+    step = trace_step(module, (x,), loss_fn, (y,))
+    assert sum(op.fused == "attention_grad" for op in step.graph.ops) == 3
+    loss, grads = _autograd(module, (x,), loss_fn, (y,))
+    _check(es.evaluate(step.graph, bind_step(step, module, (x,), (y,))), step, loss, grads)
+
+
 def test_a_planned_step_runs_on_gloo_ranks_as_autograd():
     module, x, loss_fn = CASES["llama-mse"]()
     y = torch.randn_like(module(x))
