@@ -137,3 +137,13 @@ def test_nan_to_num_maps_only_nan_to_zero():
     assert got.tolist() == [0.0, math.inf, -2.0]
     with pytest.raises(UnsupportedOpError, match="keeping infinities"):
         trace(Fn(lambda m, x: torch.nan_to_num(x)), (torch.ones(3),))  # inf to the dtype's max
+
+
+def test_on_the_meta_device_the_backward_is_fused_too():
+    # torch runs sdpa on meta tensors as math attention; the step graph is the CPU kernel's
+    from einsummable.models import preset
+    module, (x,) = preset("gpt2-tiny", batch=2, seq=8, device="meta")
+    step = trace_step(module, (x,), torch.nn.functional.mse_loss, (torch.empty_like(x),))
+    fused = sorted(op.param.get("wrt", "forward") for op in step.graph.ops
+                   if op.fused in ("attention", "attention_grad"))
+    assert fused == ["forward", "k", "q", "v"]
