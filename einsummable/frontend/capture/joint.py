@@ -11,10 +11,10 @@ This is the same export with that one decomposition left out: the forward stays
 `attention.py` maps both to fused ops. Which kernel sdpa runs is torch's choice by device and
 inputs (on the meta device, where large models are planned, always math attention), so before
 the export every sdpa call whose backward `attention.py` maps (no dropout, 4-d q, k and v with
-one batch and head width, kv heads dividing the query heads, no mask or an additive one) on
-the CPU or the meta device is written as that CPU kernel itself, which computes the same.
-Where math attention remains (batch dims broadcast between q, k and v, a boolean mask on the
-meta device), its guard is rewritten as what it computes for finite scores, NaN to 0 after
+one batch and head width, kv heads dividing the query heads, no mask or an additive one of
+q's dtype) on the CPU or the meta device is written as that CPU kernel itself, which computes
+the same. Where math attention remains (batch dims broadcast between q, k and v, a boolean
+mask on the meta device), its guard is rewritten as what it computes for finite scores, NaN to 0 after
 the softmax (a row is NaN exactly where every score is -inf):
 
     P = nan_to_zero(softmax_k(S))
@@ -100,8 +100,8 @@ def _cpu_kernel_takes(qkv, opts: dict) -> bool:
     q, k, v = vals
     mask = opts.get("attn_mask")
     mask = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else mask
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype == torch.bool):
-        return False
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != q.dtype):
+        return False  # a boolean mask, or one torch would cast first
     heads_ok = k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0 and (
         q.shape[1] == k.shape[1] or opts.get("enable_gqa", False))
     return (not opts.get("dropout_p") and q.shape[0] == k.shape[0] == v.shape[0] and heads_ok
