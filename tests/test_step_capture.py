@@ -1,17 +1,25 @@
 """A training step captured as one graph (`trace_step`): the loss and every parameter's
-gradient, checked against torch.autograd on the reference evaluator and on gloo ranks."""
+gradient, checked against torch.autograd on the reference evaluator, under random plans on
+the local executor and on gloo ranks."""
 from __future__ import annotations
+
+import functools
+import random
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import einsummable as es
 from einsummable.errors import EinsummableError, UnsupportedOpError
+from einsummable.backend.lowering import lower
+from einsummable.backend.runtime.local import run_local
 from einsummable.frontend.capture import bind_step, trace_step
+from einsummable.models.gpt2 import GPT2Block, GPT2Config
 from einsummable.models.llama import LlamaBlock, LlamaConfig
 from einsummable.models.mlp import MLP
 
-from helpers import max_rel_err
+from helpers import TOPOS, max_rel_err, random_choice
 
 TOL = 1e-5
 
@@ -41,12 +49,34 @@ def _llama(batch: int, seq: int):
     return block, torch.randn(batch, seq, cfg.dim)
 
 
+def _gpt2(batch: int, seq: int):
+    torch.manual_seed(0)
+    block = GPT2Block(GPT2Config(dim=32, n_heads=4, ffn_dim=48), seed=0)
+    with torch.no_grad():  # norm weights and biases away from 1 and 0
+        for n, p in block.named_parameters():
+            if "ln_" in n:
+                p.uniform_(0.5, 1.5) if n.endswith("weight") else p.uniform_(-0.5, 0.5)
+    return block, torch.randn(batch, seq, 32, generator=torch.Generator().manual_seed(0))
+
+
 CASES = {
     # uneven sizes: batch 3, sequence 5, GQA with 2 kv heads
     "llama-mse": lambda: (*_llama(3, 5), torch.nn.functional.mse_loss),
+    # causal SDPA, layer norm with bias, tanh GELU, biases; uneven batch and sequence
+    "gpt2-mse": lambda: (*_gpt2(3, 5), torch.nn.functional.mse_loss),
     "mlp-sum-bias": lambda: (MLP([12, 20, 7], act="gelu"), torch.randn(6, 12),
                              lambda out, y: ((out - y) ** 2).sum()),
 }
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt2_step():
+    """The gpt2 case's module, input, targets, step graph, and autograd's loss and gradients
+    (traced once for every example of the property)."""
+    module, x, loss_fn = CASES["gpt2-mse"]()
+    y = torch.randn_like(module(x))
+    step = trace_step(module, (x,), loss_fn, (y,))
+    return (module, x, y, step, *_autograd(module, (x,), loss_fn, (y,)))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -54,6 +84,22 @@ def test_the_step_graph_gives_autograds_loss_and_gradients(case):
     module, x, loss_fn = CASES[case]()
     y = torch.randn_like(module(x))
     step = trace_step(module, (x,), loss_fn, (y,))
+    loss, grads = _autograd(module, (x,), loss_fn, (y,))
+    _check(es.evaluate(step.graph, bind_step(step, module, (x,), (y,))), step, loss, grads)
+
+
+@pytest.mark.parametrize("model_type,overrides", [
+    ("gpt2", {"n_embd": 32, "n_head": 4}),
+    ("llama", {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 48})])
+def test_transformers_sdpa_layers_give_autograds_gradients(model_type, overrides):
+    # transformers' sdpa attention (GQA for llama): the backward as attention_grad ops
+    module, (x,) = es.models.hf(model_type, batch=2, seq=5, dtype=torch.float32,
+                                device="cpu", overrides=overrides)
+    y = torch.randn_like(module(x))
+    loss_fn = torch.nn.functional.mse_loss
+    step = trace_step(module, (x,), loss_fn, (y,))
+    assert sum(op.fused == "attention_grad" for op in step.graph.ops) == 3
     loss, grads = _autograd(module, (x,), loss_fn, (y,))
     _check(es.evaluate(step.graph, bind_step(step, module, (x,), (y,))), step, loss, grads)
 
@@ -70,19 +116,28 @@ def test_a_planned_step_runs_on_gloo_ranks_as_autograd():
 
 
 def test_a_backward_with_no_join_mapping_is_named():
-    # SDPA with a mask: its backward guards fully masked rows by comparing scores to -inf
-    class Masked(torch.nn.Module):
+    # amax's backward picks the maxima by comparing the data with them: no join-agg form
+    class Peak(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.w = torch.nn.Linear(8, 8, bias=False)
 
         def forward(self, x):
-            q = self.w(x).view(2, 4, 2, 4).transpose(1, 2)
-            mask = torch.ones(4, 4, dtype=torch.bool).tril()
-            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
-    x = torch.randn(2, 4, 8)
-    with pytest.raises(UnsupportedOpError, match="cannot capture ATen op"):
-        trace_step(Masked(), (x,), torch.nn.functional.mse_loss, (torch.randn(2, 2, 4, 4),))
+            return self.w(x).amax(-1)
+    x = torch.randn(4, 8)
+    with pytest.raises(UnsupportedOpError, match="cannot capture ATen op aten.eq"):
+        trace_step(Peak(), (x,), torch.nn.functional.mse_loss, (torch.randn(4),))
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), n=st.sampled_from([2, 3, 4, 8]))
+def test_gpt2_step_gradients_under_random_plans(seed, n):
+    # causal SDPA's backward as three attention_grad ops, split at random (dK and dV as
+    # partial sums over the queries where the queries are split), layer norm with bias, GELU
+    module, x, y, step, loss, grads = _gpt2_step()
+    choice = random_choice(step.graph, n, random.Random(seed))
+    outs = run_local(lower(step.graph, choice, TOPOS[n]), bind_step(step, module, (x,), (y,)))
+    _check(outs, step, loss, grads)
 
 
 def test_bind_step_counts_its_tensors():

@@ -33,6 +33,7 @@ from ..errors import (
     UnknownFunctionError,
 )
 from .einsum import Dims, dims_shape, dims_to_str, flat_modes, parse_einsum
+from . import attention_grad  # noqa: F401  (registers the attention backward's kernel)
 from .conv_kernels import WINDOWED_KERNELS
 from .kernels import KERNELS
 from .scalar import Expr, check_aggregation

@@ -158,13 +158,13 @@ def bind_kernel(op: FusedOp, ranges: Ranges) -> Callable[[Sequence[torch.Tensor]
 
 # --------------------------------------------------------------------------- added by capture
 
-def _fine_blocks(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
+def fine_blocks(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> list[torch.Tensor]:
     """Blocks viewed with one axis per mode (grouped dims split), block-local extents."""
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     return [x.reshape([ext[m] for g in d for m in g]) for x, d in zip(xs, op.in_dims)]
 
 
-def _positions(modes: str, op: FusedOp, ranges: Ranges, device) -> torch.Tensor:
+def positions(modes: str, op: FusedOp, ranges: Ranges, device) -> torch.Tensor:
     """Global flat index (row-major over `modes`, full sizes) of every element of a block."""
     pos = torch.zeros((), dtype=torch.long, device=device)
     for m in modes:
@@ -301,8 +301,8 @@ def _bind_sdpa(op: FusedOp, ranges: Ranges, plan: _SdpaPlan
         qt = q(xs[0])
         mask = None
         if positional:
-            pq = _positions(qm, op, ranges, qt.device)
-            pk = _positions(km, op, ranges, qt.device)
+            pq = positions(qm, op, ranges, qt.device)
+            pk = positions(km, op, ranges, qt.device)
             mask = pk[None, :] <= pq[:, None]
         if add is not None:
             extra = add(xs[3]).to(qt.dtype)
@@ -330,7 +330,7 @@ def _attention_einsum(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -
     """Any layout the sdpa path does not take: scores, mask, float softmax, probs·v."""
     p = op.param
     qm, km, fm = p["q"], p["k"], p["f"]
-    fine = _fine_blocks(op, xs, ranges)
+    fine = fine_blocks(op, xs, ranges)
     names = ["".join(flat_modes(d)) for d in op.in_dims]
     batch = "".join(m for m in op.out_modes if m not in qm and m not in fm
                     and (m in names[0] or m in names[1]))
@@ -338,8 +338,8 @@ def _attention_einsum(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -
     scores = torch.einsum(f"{names[0]},{names[1]}->{target}", fine[0], fine[1]) * p["scale"]
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
     if p.get("causal", False):
-        pq = _positions(qm, op, ranges, scores.device)
-        pk = _positions(km, op, ranges, scores.device)
+        pq = positions(qm, op, ranges, scores.device)
+        pk = positions(km, op, ranges, scores.device)
         hide = (pk[None, :] > pq[:, None]).reshape([ext[m] for m in qm + km])
         scores = scores.masked_fill(hide, float("-inf"))
     if len(xs) > 3:

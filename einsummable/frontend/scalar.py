@@ -25,6 +25,11 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
+def _nan_to_zero(x: torch.Tensor) -> torch.Tensor:
+    """0 where x is NaN, x elsewhere: a fully masked softmax row (every score -inf) is 0."""
+    return torch.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+
+
 # name -> (arity, implementation). Arity -1 means "takes the constant `value` as exponent".
 FUNCTIONS: dict[str, tuple[int, TorchFn]] = {
     "add": (2, torch.add),
@@ -48,6 +53,7 @@ FUNCTIONS: dict[str, tuple[int, TorchFn]] = {
     "sin": (1, torch.sin),
     "gelu": (1, _gelu_exact),
     "gelu_tanh": (1, _gelu_tanh),
+    "nan_to_zero": (1, _nan_to_zero),
     "pow": (1, torch.pow),  # exponent is the node's `value`
 }
 

@@ -11,7 +11,7 @@ device d takes
 a_class is the fraction of peak the device achieves for the op's class (`topology/achieved.py`):
 "matmul" for contractions (a join multiplying two operands, summed over a mode longer than
 one, and the fused convolution, an implicit matrix product), "attention" for the fused
-attention kernel, and peak for the rest, whose elementwise
+attention kernels (forward and backward), and peak for the rest, whose elementwise
 work is bound by memory and pays a_memory there. A copy (stitching blocks, packing messages,
 folding partial sums) only moves bytes: copy_s = launch + bytes / (mem_bw · a_memory ·
 mem_efficiency). `flop_efficiency` and `mem_efficiency` are `cost.CostModel`'s global derating
@@ -75,7 +75,8 @@ class KernelTime:
 def op_class(op: Op) -> str:
     """"matmul", "attention" or "other" (module docstring)."""
     if op.fused is not None:
-        return {"attention": ATTENTION, "conv": MATMUL}.get(op.fused, OTHER)
+        return {"attention": ATTENTION, "attention_grad": ATTENTION,
+                "conv": MATMUL}.get(op.fused, OTHER)
     join = op.join
     contracts = any(op.size[m] > 1 for m in op.agg_modes)
     if op.agg == "sum" and contracts and join is not None and join.fn == "mul":

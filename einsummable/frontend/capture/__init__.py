@@ -35,9 +35,10 @@ from torch.utils import _pytree as pytree
 from ...errors import EinsummableError, UnsupportedOpError
 from ..fuse import fuse as fuse_graph
 from ..ir import Graph
-from . import contractions, conv, fold, shapes  # noqa: F401  (they register their handlers)
+from . import attention, contractions, conv, fold, shapes  # noqa: F401  (they register handlers)
 from .aten import IGNORED, TABLE, Ctx, supported_ops
 from .emit import Emitter
+from .joint import export_joint
 from .values import TENSORISH, Folded, Lazy, SliceVal
 
 __all__ = ["trace", "bind", "supported_ops", "trace_step", "bind_step", "StepGraph"]
@@ -125,16 +126,16 @@ def trace_step(module: torch.nn.Module, args: Sequence[Any], loss_fn: Any,
     parameter as one graph (torch.export's joint forward-backward, lowered as `trace`
     lowers a forward). The backward's kernels are joins like the forward's: matmuls with
     transposed operands, elementwise derivatives, sums over the batch for the weights'
-    gradients. Inputs: the module's arguments, the targets and the parameters, named as
-    `trace` names them; bind them with `bind_step`."""
-    from torch.export.experimental import _export_forward_backward
+    gradients; sdpa's backward is fused like its forward (`joint.py`, `attention.py`).
+    Inputs: the module's arguments, the targets and the parameters, named as `trace` names
+    them; bind them with `bind_step`."""
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
     targets = tuple(targets) if isinstance(targets, (list, tuple)) else (targets,)
     step = _LossStep(module, loss_fn, len(args))
     try:
         with _without_cache(module):
             ep = torch.export.export(step, args + targets, strict=False)
-        joint = _export_forward_backward(ep)
+        joint = export_joint(ep)
     except EinsummableError:
         raise
     except Exception as e:  # noqa: BLE001 - export failures become library errors

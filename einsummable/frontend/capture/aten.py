@@ -109,6 +109,19 @@ for _t, _f in _UNARY.items():
     register(_t)(lambda cx, node, a, kw, _f=_f: elementwise(cx, _f, a[0]))
 
 
+@register(aten.nan_to_num.default)
+def _nan_to_num(cx, node, a, kw):
+    """NaN to 0, infinities kept: what `joint.py` makes of math attention's guard for fully
+    masked rows. torch's default (infinities to the dtype's extremes) has no mapping."""
+    names = ("nan", "posinf", "neginf")
+    opt = {n: kw.get(n) for n in names}
+    opt.update(dict(zip(names, a[1:])))
+    if opt["nan"] not in (None, 0.0) or opt["posinf"] != math.inf or opt["neginf"] != -math.inf:
+        raise cx.fail("nan_to_num maps only NaN to 0 here, keeping infinities",
+                      fix="pass nan=0.0, posinf=float('inf'), neginf=float('-inf')")
+    return elementwise(cx, lambda x: call("nan_to_zero", x), a[0])
+
+
 @register(aten.gelu.default)
 def _gelu(cx, node, a, kw):
     fn = "gelu_tanh" if kw.get("approximate", a[1] if len(a) > 1 else "none") == "tanh" else "gelu"

@@ -1,17 +1,15 @@
-"""ATen contractions as join-agg ops: matmul and its variants, linear, einsum, embedding,
-and scaled-dot-product attention (one fused "attention" op), registered into `aten.TABLE`."""
+"""ATen contractions as join-agg ops: matmul and its variants, linear, einsum and embedding,
+registered into `aten.TABLE` (attention is `attention.py`'s)."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from . import masks, values as V
+from . import values as V
 from .aten import aten, elementwise, register
-from ..scalar import call
 from .emit import broadcast_shapes
-from .fold import is_causal
-from .values import Folded, Lazy, SliceVal, View
+from .values import Folded, View
 
 
 def _matmul(cx, x, y, dtype):
@@ -200,76 +198,3 @@ def _gather(cx, node, a, kw):
     out = _lookup(cx, flat, at, cx.dtype)
     back = list(range(len(others)))
     return V.permute(out, back[:dim] + [len(others)] + back[dim:])
-
-
-@register(aten.scaled_dot_product_attention.default)
-def _sdpa(cx, node, a, kw):
-    q, k, v = (cx.em.view(t) for t in a[:3])
-    names = ["attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
-    opt = {n: kw.get(n) for n in names}
-    for i, val in enumerate(a[3:]):
-        opt[names[i]] = val
-    if opt["dropout_p"]:
-        raise cx.fail("attention dropout is random", fix="call the module in eval mode")
-    causal = bool(opt["is_causal"])
-    mask = opt["attn_mask"]
-    scale = opt["scale"] if opt["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(mask, Folded):
-        if mask.dtype == torch.bool:
-            if mask.kind == "keep":
-                mask = Folded("causal", mask.shape, torch.float32)
-            elif mask.kind in ("real", "diag"):  # True attends: 0, else -inf
-                add = torch.zeros(mask.tensor.shape).masked_fill(~mask.tensor, float("-inf"))
-                mask = Folded(mask.kind, mask.shape, torch.float32, add)
-            else:
-                raise cx.fail("a boolean attention mask of this kind",
-                              fix="pass is_causal=True or an additive float mask")
-        square = mask.shape[-2] == mask.shape[-1] == q.shape[-2] == k.shape[-2]
-        if square and (mask.kind == "causal" or mask.kind == "real" and is_causal(mask.tensor)
-                       or mask.kind == "diag" and masks.is_causal(mask.tensor, k.shape[-2])):
-            mask, causal = None, True
-    if mask is not None and not isinstance(mask, (Folded, View, Lazy, SliceVal)):
-        raise cx.fail(f"attention mask of type {type(mask).__name__}")
-    if mask is not None and not isinstance(mask, Folded):
-        mask_node = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-        if mask_node.meta["val"].dtype == torch.bool:  # a padding mask: True attends
-            mask = elementwise(cx, lambda m: call("log", m), mask)
-        elif mask.dtype not in ("float32", "float16", "bfloat16", "float64"):
-            raise cx.fail("an integer attention mask", fix="pass a boolean or additive mask")
-    nb = len(q.shape) - 2
-    hq, hk = q.shape[-3] if nb else 1, k.shape[-3] if len(k.shape) > 2 else 1
-    # axes: batch dims..., then Q, K, E, F; GQA splits the head axis into (kv heads, group)
-    batch = list(broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])) if hq == hk else \
-        list(q.shape[:-3])
-    gqa = hq != hk
-    if gqa:
-        if hq % hk:
-            raise cx.fail(f"{hq} query heads do not group over {hk} key heads")
-        q = cx.em.reshape(q, list(q.shape[:-3]) + [hk, hq // hk] + list(q.shape[-2:]))
-        k, v = V.unsqueeze(k, -3), V.unsqueeze(v, -3)
-        batch = batch + [hk, hq // hk]
-    nb = len(batch)
-    Q, K, E, F = nb, nb + 1, nb + 2, nb + 3
-    axes = batch + [q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]]
-
-    def bind(t: View, tail: list[int]) -> tuple:
-        lead = len(t.shape) - len(tail)
-        return tuple(range(nb - lead, nb)) + tuple(tail)
-    ops = [(q, bind(q, [Q, E])), (k, bind(k, [K, E])), (v, bind(v, [K, F]))]
-    if mask is not None:
-        mv = cx.em.view(mask)
-        if gqa:
-            mv = V.unsqueeze(mv, -3) if len(mv.shape) >= 3 else mv
-        lead = len(mv.shape) - 2
-        mb = tuple(range(nb - lead, nb)) + (Q, K)
-        mb = tuple(x if mv.shape[i] == axes[x] else None for i, x in enumerate(mb))
-        ops.append((mv, mb))
-    out = [[i] for i in range(nb - (2 if gqa else 0))] + ([[nb - 2, nb - 1]] if gqa else []) + \
-        [[Q], [F]]
-
-    def params(letters: dict[int, str]) -> tuple:
-        return (("causal", causal), ("scale", float(scale)), ("q", letters[Q]),
-                ("k", letters[K]), ("e", letters[E]), ("f", letters[F]))
-    return cx.em.op(ops, axes, out, join=None, agg=None, dtype=cx.dtype, fused="attention",
-                    params=params, splittable=list(range(nb)) + [Q], stem="attention")
-
