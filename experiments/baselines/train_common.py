@@ -145,21 +145,6 @@ class _ScatterSeq(torch.autograd.Function):
         return _all_gather_seq(grad, ctx.world), None
 
 
-class _GatherFlat(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, shard, world):
-        ctx.world = world
-        full = shard.new_empty(shard.numel() * world)
-        dist.all_gather_single(full, shard.detach().contiguous())
-        return full
-
-    @staticmethod
-    def backward(ctx, grad):
-        mine = grad.new_empty(grad.numel() // ctx.world)
-        dist.reduce_scatter_single(mine, grad.contiguous())
-        return mine, None
-
-
 def copy_to_group(x: torch.Tensor) -> torch.Tensor:
     return _CopyToGroup.apply(x)
 
@@ -174,7 +159,3 @@ def gather_seq(h: torch.Tensor, world: int) -> torch.Tensor:
 
 def scatter_seq(h: torch.Tensor, world: int) -> torch.Tensor:
     return _ScatterSeq.apply(h, world)
-
-
-def gather_flat(shard: torch.Tensor, world: int) -> torch.Tensor:
-    return _GatherFlat.apply(shard, world)
