@@ -51,3 +51,22 @@ def test_an_uneven_split_is_reported() -> None:
     assert "evenly" in result["pytorch-tp-sp"].error
     assert "evenly" in result["ddp"].error
     assert result["pytorch-tp"].max_abs_err <= TOL
+
+
+def test_the_measured_table_checks_times_and_heads_over_the_best_baseline(tmp_path) -> None:
+    from experiments.bench import run_config
+    cfg = {"name": "training-measured-test", "kind": "training", "topology": "cpu4",
+           "topology_by_world": {2: "cpu2"}, "world_sizes": [2], "optimizer": "sgd",
+           "lr": 0.05, "systems": ["einsummable", "ddp", "fsdp"], "warmup": 0, "repeats": 3,
+           "timeout_s": 240, "workloads": [TINY.to_dict()]}
+    doc = run_config(cfg, out_dir=tmp_path)
+    rows = {r["system"]: r for r in doc["rows"]}
+    assert set(rows) == {"einsummable", "ddp", "fsdp"}
+    for name, r in rows.items():
+        assert r["unavailable"] is None and r["time_s"] > 0, (name, r["unavailable"])
+        assert r["extra"]["max_rel_err_vs_torch_optim"] <= TOL
+        assert len(r["extra"]["samples_s"]) == 3
+    best = min(rows["ddp"]["time_s"], rows["fsdp"]["time_s"])
+    head = doc["headline"]["2"]["geomean_vs_best"]
+    assert head == pytest.approx(rows["einsummable"]["time_s"] / best)
+    assert (tmp_path / "training-measured-test.json").exists()
