@@ -57,7 +57,8 @@ class TrainableShards(TensorParallelLlamaBlock):
 
     def params(self) -> dict[str, torch.Tensor]:
         def assemble(every: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-            out = {name: torch.cat([r[a] for r in every], dim=d) for a, (name, d) in SHARDED.items()}
+            out = {name: torch.cat([r[a] for r in every], dim=d)
+                   for a, (name, d) in SHARDED.items()}
             out.update({name: every[0][a] for a, name in NORMS.items()})
             return out
         return gathered_params({a: getattr(self, a) for a in (*SHARDED, *NORMS)}, assemble)
