@@ -42,6 +42,16 @@ def test_training_baselines_equal_torch_optim_on_two_ranks(optimizer: str) -> No
         assert t.median_s is not None and t.median_s > 0 and len(t.samples_s) == 2
 
 
+def test_tensor_parallel_training_keeps_gqa_groups_whole() -> None:
+    # 8 query heads over 2 KV heads: each rank's query heads read only its own KV heads.
+    gqa = Workload("gqa", "llama3-8b", batch=2, seq=8, width=0.25)
+    result = measure_training(TrainRequest(gqa, tuple(TRAIN_BASELINES), world=2,
+                                           hyper=HYPERS["sgd"], warmup=0, repeats=1,
+                                           check_steps=2, timeout_s=240))
+    for name, t in result.items():
+        assert t.error is None and t.max_abs_err <= TOL, (name, t.error, t.note)
+
+
 def test_an_uneven_split_is_reported() -> None:
     # 3 positions do not split over 2 ranks for sequence parallelism, nor a batch of 1.
     odd = Workload("odd", "llama-tiny", batch=1, seq=3)
