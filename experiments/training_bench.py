@@ -103,7 +103,7 @@ def simulated(cfg: dict, progress: Progress) -> tuple[list[Row], dict]:
             rows.append(Row(**base, time_s=t.time_s, note=t.note,
                             extra={"simulated": True, "compute_s": t.compute_s,
                                    "comm_s": t.comm_s, "gather_s": t.gather_s,
-                                   "at_peak_s": t.at_peak_s}))
+                                   "at_peak_s": t.at_peak_s, "layout_s": t.layout_s}))
     return rows, {"simulated_plans": plans}
 
 

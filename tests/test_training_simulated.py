@@ -49,6 +49,7 @@ def test_each_baseline_follows_its_formula(setting) -> None:
     for s, t in times.items():
         assert t.time_s >= t.compute_s > 0, s
         assert 0 < t.at_peak_s <= t.time_s, s
+        assert t.layout_s > 0 and "program of this layout" in t.note, s
     # Megatron TP: compute, then the forward's all-reduces and their backward duals, waited for
     tp = simulate_baseline("pytorch-tp", fwd, topo, "sharded", True, ACHIEVED)
     assert times["pytorch-tp"].comm_s == pytest.approx(2 * tp.comm_s)
