@@ -13,6 +13,7 @@ steady state of a training loop whose parameters and state stay on the ranks).
 from __future__ import annotations
 
 import copy
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from einsummable.frontend.optim import Hyper
 
-from .measure import Timing, percentile, run_ranks, time_rounds
+from .measure import Timing, _agree, percentile, run_ranks, time_rounds
 from .workloads import Workload
 
 # Seed of the targets y (the block and x come from the workload's own seed).
@@ -76,8 +77,9 @@ def worst_errors(got: list[tuple[float, dict[str, torch.Tensor]]],
 
 
 def measure_training(request: TrainRequest) -> dict[str, Timing]:
-    """Spawn the ranks and return one Timing per system; a Timing's note carries its errors
-    against torch.optim."""
+    """Spawn the ranks and return one Timing per system; its note carries the loss's and the
+    parameters' errors against torch.optim and its `max_abs_err` field the worse of the two
+    (relative, as the module docstring measures them)."""
     got, why, _ = run_ranks(_body, request, request.world, request.timeout_s,
                             f"training steps of {request.workload.name}")
     if got is None:
@@ -86,9 +88,6 @@ def measure_training(request: TrainRequest) -> dict[str, Timing]:
 
 
 def _body(rank: int, request: TrainRequest) -> dict:
-    import statistics
-
-    from .measure import _agree
     block, x, y = inputs(request.workload)
     want = reference(block, x, y, request.hyper, request.check_steps)
     runs: dict = {}
