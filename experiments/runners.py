@@ -1,5 +1,5 @@
 """One runner per config `kind`: blocks (simulated or measured), random_plans, exchange,
-matrix_chains. Each returns rows, extra result fields, and the table to print."""
+matrix_chains, training (`training_bench.py`). Each returns rows, extra result fields, and the table to print."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from einsummable.errors import EinsummableError
-from einsummable.topology import SHIPPED_DIR, Topology, load_topology, read_topology
+from einsummable.topology import load_topology
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
 
@@ -18,7 +18,8 @@ from . import cluster_baselines
 from . import conv_spatial as conv_spatial_bench
 from . import model_families as model_families_bench
 from . import einsummable_system as es_sys
-from . import harness, plan_summary, simulated
+from . import harness, plan_summary, simulated, training_bench
+from .cpu_topologies import cpu_topology
 from .harness import Progress, Row
 from .systems import vllm_available
 from .unavailable import Unavailable
@@ -161,24 +162,6 @@ def _sim_row(cfg, s: str, w: Workload, graph, topo, floor_s: float, plans: dict)
 
 
 # ------------------------------------------------------------------------------ measured blocks
-
-def cpu_topology(name: str, world: int, by_world: dict | None = None) -> Topology:
-    """The topology a config names for `world` ranks (`topology_by_world`, e.g. the
-    calibrated cpu2), else the shipped CPU topology `name` resized to `world` ranks (same
-    per-rank figures)."""
-    if by_world and world in by_world:
-        topo = load_topology(by_world[world])
-        if topo.world_size != world:
-            raise EinsummableError(f"topology_by_world names {by_world[world]!r} for {world} "
-                                   f"ranks, but it has {topo.world_size}",
-                                   fix="name a topology of that many devices")
-        return topo
-    import yaml
-    data = yaml.safe_load((SHIPPED_DIR / f"{name}.yaml").read_text())
-    data["nodes"] = {**data["nodes"], "devices_per_node": world}
-    data["name"] = f"{name}@{world}"
-    return read_topology(data, f"{name} resized to {world}")
-
 
 # Yardsticks measured in every run: 1/N of the work per rank, nothing to communicate.
 FLOORS = ("floor", "floor-fused")
@@ -486,4 +469,5 @@ RUNNERS: dict[str, Callable[[dict, object], RunResult]] = {
     "matrix_chains": matrix_chains, "exchange_patterns": exchange_patterns,
     "conv_spatial": conv_spatial,
     "model_families": model_families,
+    "training": lambda cfg, stream=None: RunResult(*training_bench.run(cfg, stream)),
 }
