@@ -230,16 +230,15 @@ class _Views:
         self.steps: list[tuple[str, tuple[int, ...]]] = []
 
     def reshape(self, shape: Sequence[int]) -> "_Views":
-        shape = torch.Size(shape)
-        if shape != self.shape:
-            self.steps.append(("reshape", tuple(shape)))
-            self.shape = shape
-        return self
+        return self._resized("reshape", shape)
 
     def expand(self, shape: Sequence[int]) -> "_Views":
+        return self._resized("expand", shape)
+
+    def _resized(self, call: str, shape: Sequence[int]) -> "_Views":
         shape = torch.Size(shape)
         if shape != self.shape:
-            self.steps.append(("expand", tuple(shape)))
+            self.steps.append((call, tuple(shape)))
             self.shape = shape
         return self
 
