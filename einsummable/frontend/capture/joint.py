@@ -28,6 +28,8 @@ import operator
 import torch
 import torch.fx
 
+from .fuse_grad import fuse_spelled_attention
+
 aten = torch.ops.aten
 # Kernels kept whole in the joint graph: `attention.py` maps them and their backward ops.
 KEPT = (aten._scaled_dot_product_flash_attention_for_cpu.default,)
@@ -47,7 +49,8 @@ def export_joint(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
     for op in KEPT:
         table.pop(op, None)
     gm, signature = _copy_graph_module_and_signature(ep)
-    if _as_cpu_kernel(gm):
+    spelled = fuse_spelled_attention(gm)  # before `_as_cpu_kernel`, which takes its sdpa calls
+    if _as_cpu_kernel(gm) or spelled:
         ep = ep._update(gm, signature)
     ep = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table=table,
                                      joint_loss_index=0, decompose_custom_triton_ops=False)
