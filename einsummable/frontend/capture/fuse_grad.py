@@ -37,6 +37,7 @@ import logging
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -65,9 +66,12 @@ class _Chain:
     nodes: tuple[torch.fx.Node, ...]
 
 
-def fuse_spelled_attention(gm: torch.fx.GraphModule) -> bool:
+def fuse_spelled_attention(gm: torch.fx.GraphModule, takes: Callable[[tuple, dict], bool],
+                           value: Callable[[torch.fx.Node], Any]) -> bool:
     """Rewrite every spelled-out attention chain of `gm` as one sdpa call (module docstring);
-    whether any was. Chains that do not match stay as they are (the reason at DEBUG)."""
+    whether any was. Chains that do not match stay as they are (the reason at DEBUG).
+    `takes(qkv, options)`: whether the CPU attention kernel takes an sdpa call's q, k and v;
+    `value(node)`: a new node's recorded value (both `joint.py`'s, which calls this pass)."""
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in SOFTMAX:
@@ -76,7 +80,7 @@ def fuse_spelled_attention(gm: torch.fx.GraphModule) -> bool:
         if isinstance(chain, str):
             log.debug("spelled-out attention at %s left unfused: %s", node.name, chain)
             continue
-        changed = _replace(gm, chain) or changed
+        changed = _replace(gm, chain, takes, value) or changed
     if changed:
         gm.graph.eliminate_dead_code()
         gm.recompile()
@@ -190,23 +194,23 @@ def _match(softmax: torch.fx.Node) -> _Chain | str:
     return _Chain(q, kt, v, scale, causal, out, tuple(nodes))
 
 
-def _replace(gm: torch.fx.GraphModule, ch: _Chain) -> bool:
+def _replace(gm: torch.fx.GraphModule, ch: _Chain, takes: Callable[[tuple, dict], bool],
+             value: Callable[[torch.fx.Node], Any]) -> bool:
     """O = sdpa(Q, K, V) in place of the chain's output; the chain's nodes and the checks
     reading them go (the mask's construction falls with dead-code elimination). False, with
     the graph unchanged, where the CPU kernel would not take q, k and v."""
-    from .joint import _cpu_kernel_takes, _run_on_values
     g = gm.graph
     with g.inserting_before(ch.out):
         k = g.call_function(aten.transpose.int, (ch.kt, -2, -1))
-        k.meta = {**ch.kt.meta, "val": _run_on_values(k)}
-        if not _cpu_kernel_takes((ch.q, k, ch.v), {}):
+        k.meta = {**ch.kt.meta, "val": value(k)}
+        if not takes((ch.q, k, ch.v), {}):
             g.erase_node(k)
             log.debug("spelled-out attention at %s left unfused: q, k, v the CPU attention "
                       "kernel does not take", ch.out.name)
             return False
         fused = g.call_function(aten.scaled_dot_product_attention.default,
                                 (ch.q, k, ch.v, None, 0.0, ch.causal), {"scale": ch.scale})
-    fused.meta = {**ch.out.meta, "val": _run_on_values(fused)}
+    fused.meta = {**ch.out.meta, "val": value(fused)}
     ch.out.replace_all_uses_with(fused)
     gone = {ch.out, *ch.nodes}
     for node in gone:

@@ -18,6 +18,9 @@ mask on the meta device), its guard is rewritten as what it computes for finite 
 the softmax (a row is NaN exactly where every score is -inf):
 
     P = nan_to_zero(softmax_k(S))
+
+Attention a model spells out (matmul, scale, causal mask, softmax, matmul) is first written
+as sdpa where it is exactly that (`fuse_grad.py`), so it takes the same fused path.
 """
 from __future__ import annotations
 
@@ -49,7 +52,8 @@ def export_joint(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
     for op in KEPT:
         table.pop(op, None)
     gm, signature = _copy_graph_module_and_signature(ep)
-    spelled = fuse_spelled_attention(gm)  # before `_as_cpu_kernel`, which takes its sdpa calls
+    # before `_as_cpu_kernel`, which takes the sdpa calls this writes
+    spelled = fuse_spelled_attention(gm, _cpu_kernel_takes, _run_on_values)
     if _as_cpu_kernel(gm) or spelled:
         ep = ep._update(gm, signature)
     ep = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table=table,
