@@ -171,14 +171,17 @@ def _sized(op, graph, size: int) -> int:
 def test_spelled_out_attention_trains_fused_and_keeps_no_scores():
     # LLaMA's attention is matmul, scale, -inf triu mask, float softmax, matmul: its step
     # has the fused forward and the three backward ops, and no tensor of seq x seq scores
-    seq = 7  # no other size of the block is 7
-    module, x = _llama(3, seq)
+    # (fuse=False keeps the chain and its backward as written: scores and probabilities)
+    seq = 7  # no other size of llama-tiny (batch 2, width 64, 4 heads of 16, FFN 172) is 7
+    module, (x,) = preset("llama-tiny", batch=2, seq=seq)
     y = torch.randn_like(module(x))
-    step = trace_step(module, (x,), torch.nn.functional.mse_loss, (y,))
-    fused = sorted(op.fused for op in step.graph.ops if op.fused in ("attention",
-                                                                     "attention_grad"))
-    assert fused == ["attention"] + ["attention_grad"] * 3
-    assert [op.name for op in step.graph.ops if _sized(op, step.graph, seq) >= 2] == []
+    for fuse in (True, False):
+        step = trace_step(module, (x,), torch.nn.functional.mse_loss, (y,), fuse=fuse)
+        fused = sorted(op.fused for op in step.graph.ops if op.fused in ("attention",
+                                                                         "attention_grad"))
+        scores = [op.name for op in step.graph.ops if _sized(op, step.graph, seq) >= 2]
+        assert fused == (["attention"] + ["attention_grad"] * 3 if fuse else [])
+        assert (scores == []) == fuse, scores
 
 
 class _Attention(torch.nn.Module):
@@ -203,16 +206,34 @@ class _Attention(torch.nn.Module):
         return out
 
 
-@pytest.mark.parametrize("reuse", [False, True])
-def test_spelled_out_attention_fuses_only_where_the_chain_is_its_own(reuse, caplog):
-    # probabilities read outside the chain: left spelled out (correct), the reason logged
+class _Shifted(_Attention):
+    """The same with a mask that is not the causal one (each query also sees the next key)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        mask = torch.full((s, s), float("-inf")).triu(2)
+        return torch.softmax(q @ k.transpose(-2, -1) + mask, dim=-1) @ v
+
+
+# module, why it is not fused (None: fused)
+UNFUSED = {"own": (lambda: _Attention(False), None),
+           "reused-probabilities": (lambda: _Attention(True), "read outside the chain"),
+           "other-mask": (lambda: _Shifted(False), "other than one causal mask")}
+
+
+@pytest.mark.parametrize("case", sorted(UNFUSED))
+def test_spelled_out_attention_fuses_only_where_the_chain_is_exactly_its_own(case, caplog):
+    # probabilities read outside the chain, another mask: left spelled out (correct), the
+    # reason logged
+    make, why = UNFUSED[case]
     torch.manual_seed(0)
-    module, x = _Attention(reuse), torch.randn(2, 5, 8)
+    module, x = make(), torch.randn(2, 5, 8)
     y = torch.randn_like(module(x))
     with caplog.at_level(logging.DEBUG, logger="einsummable.frontend.capture.fuse_grad"):
         step = trace_step(module, (x,), torch.nn.functional.mse_loss, (y,))
     fused = sum(op.fused in ("attention", "attention_grad") for op in step.graph.ops)
-    assert fused == (0 if reuse else 4)
-    assert ("read outside the chain" in caplog.text) == reuse
+    assert fused == (4 if why is None else 0)
+    assert why is None or why in caplog.text
     loss, grads = _autograd(module, (x,), torch.nn.functional.mse_loss, (y,))
     _check(es.evaluate(step.graph, bind_step(step, module, (x,), (y,))), step, loss, grads)

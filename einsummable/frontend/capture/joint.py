@@ -40,8 +40,10 @@ KEPT = (aten._scaled_dot_product_flash_attention_for_cpu.default,)
 DEVICES = ("cpu", "meta")
 
 
-def export_joint(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """The joint forward-backward program of `ep`, whose output is a loss (index 0)."""
+def export_joint(ep: torch.export.ExportedProgram, fuse_spelled: bool = True
+                 ) -> torch.export.ExportedProgram:
+    """The joint forward-backward program of `ep`, whose output is a loss (index 0);
+    `fuse_spelled`: spelled-out attention written as sdpa first (`fuse_grad.py`)."""
     from torch._decomp import core_aten_decompositions
     from torch.export.exported_program import _decompose_exported_program
     from torch.export.experimental import (
@@ -53,7 +55,7 @@ def export_joint(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
         table.pop(op, None)
     gm, signature = _copy_graph_module_and_signature(ep)
     # before `_as_cpu_kernel`, which takes the sdpa calls this writes
-    spelled = fuse_spelled_attention(gm, _cpu_kernel_takes, _run_on_values)
+    spelled = fuse_spelled and fuse_spelled_attention(gm, _cpu_kernel_takes, _run_on_values)
     if _as_cpu_kernel(gm) or spelled:
         ep = ep._update(gm, signature)
     ep = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table=table,
