@@ -26,10 +26,11 @@ the three attention_grad ops. Only rounding differs (the kernel's order of summa
 
 A chain fuses only when it is exactly that: 4-d Q, K, V that the CPU kernel takes
 (`joint._cpu_kernel_takes`), positive constant scales, at most one mask that is the causal
-construction above over square scores, a softmax over the last dim, float casts only up from
-Q's dtype and back to it before P @ V, and no reader of S, P or any step between them but the
-chain (dropout between softmax and P @ V, another mask, probabilities returned or reused all
-leave the chain as it is: correct, slower; the reason is logged at DEBUG).
+construction above over square scores, a softmax over the last dim, every step in Q's dtype
+or float32/float64 (casts up for the softmax, back to Q's dtype before P @ V), and no reader
+of S, P or any step between them but the chain (dropout between softmax and P @ V, another
+mask, probabilities returned or reused all leave the chain as it is: correct, slower; the
+reason is logged at DEBUG).
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ CASTS = (aten.to.dtype, aten._to_copy.default, aten.type_as.default)
 # Nodes that read a value only to check it: they do not count as readers of the chain.
 CHECKS = (aten._assert_tensor_metadata.default,)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Dtypes the chain may compute in besides Q's: the fused kernel computes at least as wide.
+WIDE = (torch.float32, torch.float64)
 # Rank of q, k and v the CPU attention kernel takes: (batch, heads, sequence, width).
 RANK = 4
 
@@ -189,8 +192,8 @@ def _match(softmax: torch.fx.Node) -> _Chain | str:
         return "P @ V's operands are not 4-d"
     if not (probs.dtype == qv.dtype == ktv.dtype == vv.dtype == ov.dtype):
         return "the chain's dtypes differ from Q's at its ends"
-    if any(_cast_dtype(n) is not None and _val(n).itemsize < qv.itemsize for n in nodes):
-        return "a cast below Q's precision"
+    if any(_val(n).dtype not in (qv.dtype,) + WIDE for n in nodes):
+        return "a step of the chain in a dtype other than Q's or float32/float64"
     return _Chain(q, kt, v, scale, causal, out, tuple(nodes))
 
 
