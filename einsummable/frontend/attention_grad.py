@@ -51,8 +51,12 @@ WRT = {"q": "qkvd", "k": "qkvd", "v": "qkd"}
 def _attention_grad(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> torch.Tensor:
     p = op.param
     qm, km, em, fm, wrt = p["q"], p["k"], p["e"], p["f"], p["wrt"]
-    fine = fine_blocks(op, xs, ranges)
-    names = ["".join(flat_modes(d)) for d in op.in_dims]
+    # Size-1 modes outside q, k, e and f are dropped, as the forward does: q, k and v sliced
+    # from one tensor each carry their own size-1 mode for the slice they are.
+    one = {m for m in op.modes if op.size[m] == 1} - set(qm + km + em + fm)
+    names = ["".join(m for m in flat_modes(d) if m not in one) for d in op.in_dims]
+    fine = [b.reshape([b.shape[i] for i, m in enumerate(m for g in d for m in g) if m not in one])
+            for b, d in zip(fine_blocks(op, xs, ranges), op.in_dims)]
     roles = WRT[wrt] + ("m" if len(xs) > len(WRT[wrt]) else "")
     block = dict(zip(roles, fine))
     name = dict(zip(roles, names))

@@ -126,7 +126,9 @@ def trace_step(module: torch.nn.Module, args: Sequence[Any], loss_fn: Any,
     parameter as one graph (torch.export's joint forward-backward, lowered as `trace`
     lowers a forward). The backward's kernels are joins like the forward's: matmuls with
     transposed operands, elementwise derivatives, sums over the batch for the weights'
-    gradients; sdpa's backward is fused like its forward (`joint.py`, `attention.py`).
+    gradients; sdpa's backward is fused like its forward (`joint.py`, `attention.py`), and
+    with `fuse` so is attention the model spells out (`fuse_grad.py`; `fuse=False` keeps it
+    as written, and the forward's chains as `trace` does).
     Inputs: the module's arguments, the targets and the parameters, named as `trace` names
     them; bind them with `bind_step`."""
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
@@ -135,7 +137,7 @@ def trace_step(module: torch.nn.Module, args: Sequence[Any], loss_fn: Any,
     try:
         with _without_cache(module):
             ep = torch.export.export(step, args + targets, strict=False)
-        joint = export_joint(ep)
+        joint = export_joint(ep, fuse_spelled=fuse)
     except EinsummableError:
         raise
     except Exception as e:  # noqa: BLE001 - export failures become library errors

@@ -18,6 +18,9 @@ mask on the meta device), its guard is rewritten as what it computes for finite 
 the softmax (a row is NaN exactly where every score is -inf):
 
     P = nan_to_zero(softmax_k(S))
+
+Attention a model spells out (matmul, scale, causal mask, softmax, matmul) is first written
+as sdpa where it is exactly that (`fuse_grad.py`), so it takes the same fused path.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ import operator
 import torch
 import torch.fx
 
+from .fuse_grad import fuse_spelled_attention
+
 aten = torch.ops.aten
 # Kernels kept whole in the joint graph: `attention.py` maps them and their backward ops.
 KEPT = (aten._scaled_dot_product_flash_attention_for_cpu.default,)
@@ -35,8 +40,10 @@ KEPT = (aten._scaled_dot_product_flash_attention_for_cpu.default,)
 DEVICES = ("cpu", "meta")
 
 
-def export_joint(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """The joint forward-backward program of `ep`, whose output is a loss (index 0)."""
+def export_joint(ep: torch.export.ExportedProgram, fuse_spelled: bool = True
+                 ) -> torch.export.ExportedProgram:
+    """The joint forward-backward program of `ep`, whose output is a loss (index 0);
+    `fuse_spelled`: spelled-out attention written as sdpa first (`fuse_grad.py`)."""
     from torch._decomp import core_aten_decompositions
     from torch.export.exported_program import _decompose_exported_program
     from torch.export.experimental import (
@@ -47,7 +54,9 @@ def export_joint(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgr
     for op in KEPT:
         table.pop(op, None)
     gm, signature = _copy_graph_module_and_signature(ep)
-    if _as_cpu_kernel(gm):
+    # before `_as_cpu_kernel`, which takes the sdpa calls this writes
+    spelled = fuse_spelled and fuse_spelled_attention(gm, _cpu_kernel_takes, _run_on_values)
+    if _as_cpu_kernel(gm) or spelled:
         ep = ep._update(gm, signature)
     ep = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table=table,
                                      joint_loss_index=0, decompose_custom_triton_ops=False)
