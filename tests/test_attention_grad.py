@@ -147,3 +147,35 @@ def test_on_the_meta_device_the_backward_is_fused_too():
     fused = sorted(op.param.get("wrt", "forward") for op in step.graph.ops
                    if op.fused in ("attention", "attention_grad"))
     assert fused == ["forward", "k", "q", "v"]
+
+
+def test_the_flash_kernels_give_the_spelled_out_gradients_on_every_block(monkeypatch):
+    # dQ, dK and dV by torch's CPU flash kernels (`attention_grad._flash`) against the
+    # scores spelled out, on the whole op and on every block of 2-4 tuples (queries split:
+    # a mask of global positions; batch and heads split)
+    from einsummable.frontend import attention_grad
+    _, _, _, step = _step(None)
+    shapes = {t.name: t.shape for t in step.graph.tensors}
+    gen = torch.Generator().manual_seed(2)
+    ops = [op for op in step.graph.ops if op.fused == "attention_grad"]
+    blocks = {op.name: [torch.randn(shapes[n], generator=gen) for n in op.inputs] for op in ops}
+    used = []
+    real = attention_grad._flash
+
+    def spy(*args):
+        out = real(*args)
+        used.append(out is not None)
+        return out
+    results = {}
+    for flash in (True, False):
+        monkeypatch.setattr(attention_grad, "_flash", spy if flash else (lambda *a: None))
+        for op in ops:
+            results[(flash, op.name, "whole")] = evaluate_op(op, blocks[op.name])
+            for n in (2, 4):
+                for dec in decompositions(op, n, replication=False):
+                    results[(flash, op.name, str(dec))] = evaluate_by_tuples(
+                        op, dec, blocks[op.name])
+    assert used and all(used)  # every call took the flash kernels
+    for (flash, name, dec), got in results.items():
+        if flash:
+            assert max_rel_err(got, results[(False, name, dec)]) <= TOL, (name, dec)

@@ -63,6 +63,9 @@ def _attention_grad(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> 
     batch = "".join(m for m in name["q"] if m not in qm + em)
     target = batch + qm + km
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
+    fast = _flash(op, block, name, batch, ranges)
+    if fast is not None:  # torch's CPU flash kernels: the scores never materialised
+        return fast.to(xs[0].dtype)
     scores = torch.einsum(f"{name['q']},{name['k']}->{target}", block["q"].float(),
                           block["k"].float()) * p["scale"]
     if p.get("causal", False):
@@ -88,6 +91,55 @@ def _attention_grad(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> 
     other = "k" if wrt == "q" else "q"
     res = torch.einsum(f"{target},{name[other]}->{out}", dscores, block[other].float())
     return (res * p["scale"]).to(xs[0].dtype)
+
+
+def _flash(op: FusedOp, block: dict, name: dict, batch: str, ranges: Ranges
+           ) -> torch.Tensor | None:
+    """dQ, dK or dV by torch's CPU flash-attention kernels, the scores never materialised:
+    the forward again for its log-sum-exp, then its backward (the kernels autograd runs for
+    sdpa on the CPU), in the output's modes. The backward reads V only for dQ and dK: the dV
+    op, which does not read V, passes zeros (dV = P^T dO does not depend on V, and the
+    log-sum-exp depends on the scores alone). None where these kernels do not apply: not on
+    the CPU, an additive mask, grouped-query heads, several query or key modes."""
+    p = op.param
+    qm, km, em, fm, wrt = p["q"], p["k"], p["e"], p["f"], p["wrt"]
+    if block["q"].device.type != "cpu" or "m" in block or len(qm) != 1 or len(km) != 1 \
+            or any(m not in name["k"] for m in batch) or not batch:
+        return None
+    ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
+    lead, head = batch[:-1], batch[-1:]
+    n = lambda ms: math.prod(ext[m] for m in ms)  # noqa: E731
+
+    def nhle(t: torch.Tensor, have: str, rows: str, width: str) -> torch.Tensor:
+        want = batch + rows + width  # (N, H, L, E): views where the layout allows
+        t = t.permute([have.index(m) for m in want])
+        return t.reshape(n(lead), n(head), n(rows), n(width))
+    q = nhle(block["q"], name["q"], qm, em)
+    k = nhle(block["k"], name["k"], km, em)
+    d = nhle(block["d"], name["d"], qm, fm)
+    v = nhle(block["v"], name["v"], km, fm) if "v" in block else \
+        torch.zeros(n(lead), n(head), n(km), n(fm), dtype=q.dtype)
+    causal, mask = False, None
+    if p.get("causal", False):
+        (q0, q1), (k0, k1) = ranges[qm], ranges[km]
+        causal = (q0, q1) == (k0, k1)  # local and global positions agree: top-left causal
+        if not causal:
+            pq = positions(qm, op, ranges, q.device)
+            pk = positions(km, op, ranges, q.device)
+            if not bool((pk[None, :] <= pq[:, None]).any(1).all()):
+                return None  # a fully masked row: the spelled-out path zeroes it
+            mask = torch.zeros(len(pq), len(pk), dtype=q.dtype).masked_fill(
+                pk[None, :] > pq[:, None], float("-inf"))
+    aten = torch.ops.aten
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=p["scale"])
+    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        d, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=p["scale"])
+    res = grads["qkv".index(wrt)]
+    have = batch + (qm + em if wrt == "q" else km + (em if wrt == "k" else fm))
+    res = res.reshape([ext[m] for m in have])
+    want = "".join(m for m in op.out_modes if m in have)
+    return res.permute([have.index(m) for m in want])
 
 
 def _attention_grad_flops(op: FusedOp) -> int:
