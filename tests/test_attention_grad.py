@@ -179,3 +179,30 @@ def test_the_flash_kernels_give_the_spelled_out_gradients_on_every_block(monkeyp
     for (flash, name, dec), got in results.items():
         if flash:
             assert max_rel_err(got, results[(False, name, dec)]) <= TOL, (name, dec)
+
+
+def test_the_three_gradient_ops_share_one_backward_call(monkeypatch):
+    # dQ, dK and dV of one attention read the same blocks: one flash backward serves all
+    # three (`attention_grad._LAST`), and the step's gradients are still autograd's
+    from einsummable.frontend.capture import bind_step
+    from einsummable.frontend.reference import evaluate
+    module, x, y, step = _step(None)
+    aten = torch.ops.aten
+    real = aten._scaled_dot_product_flash_attention_for_cpu_backward
+    calls = []
+
+    class _Counting:
+        def __call__(self, *a, **k):
+            calls.append(1)
+            return real(*a, **k)
+
+    import einsummable.frontend.attention_grad as ag
+    monkeypatch.setattr(ag.torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward",
+                        _Counting(), raising=False)
+    outs = evaluate(step.graph, bind_step(step, module, (x,), (y,)))
+    assert len(calls) == 1
+    module.zero_grad()
+    torch.nn.functional.mse_loss(module(x), y).backward()
+    for name, out in step.grads:
+        want = dict(module.named_parameters())[name].grad
+        assert max_rel_err(outs[out].reshape(want.shape), want) <= TOL, name

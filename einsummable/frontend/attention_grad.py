@@ -63,7 +63,7 @@ def _attention_grad(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> 
     batch = "".join(m for m in name["q"] if m not in qm + em)
     target = batch + qm + km
     ext = {m: hi - lo for m, (lo, hi) in ranges.items()}
-    fast = _flash(op, block, name, batch, ranges)
+    fast = _flash(op, xs, block, name, batch, ranges)
     if fast is not None:  # torch's CPU flash kernels: the scores never materialised
         return fast.to(xs[0].dtype)
     scores = torch.einsum(f"{name['q']},{name['k']}->{target}", block["q"].float(),
@@ -93,8 +93,12 @@ def _attention_grad(op: FusedOp, xs: Sequence[torch.Tensor], ranges: Ranges) -> 
     return (res * p["scale"]).to(xs[0].dtype)
 
 
-def _flash(op: FusedOp, block: dict, name: dict, batch: str, ranges: Ranges
-           ) -> torch.Tensor | None:
+# The last flash call's operands, position ranges and gradients (`_flash`): one entry.
+_LAST: list = []
+
+
+def _flash(op: FusedOp, xs: Sequence[torch.Tensor], block: dict, name: dict, batch: str,
+           ranges: Ranges) -> torch.Tensor | None:
     """dQ, dK or dV by torch's CPU flash-attention kernels, the scores never materialised:
     the forward again for its log-sum-exp, then its backward (the kernels autograd runs for
     sdpa on the CPU), in the output's modes. The backward reads V only for dQ and dK: the dV
@@ -130,11 +134,24 @@ def _flash(op: FusedOp, block: dict, name: dict, batch: str, ranges: Ranges
                 return None  # a fully masked row: the spelled-out path zeroes it
             mask = torch.zeros(len(pq), len(pk), dtype=q.dtype).masked_fill(
                 pk[None, :] > pq[:, None], float("-inf"))
-    aten = torch.ops.aten
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, attn_mask=mask, scale=p["scale"])
-    grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        d, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=p["scale"])
+    # The three ops of one attention read the same q, k and dO blocks (the same objects on a
+    # rank) and the kernels give all three gradients at once: the last call's are kept (and
+    # its operands, so that no other tensor can take their place while kept) and handed to
+    # the next op that asks with the same operands. dQ and dK need V's, dV any.
+    raw = dict(zip(WRT[wrt], xs))
+    key = (ranges[qm], ranges[km], p["scale"], causal,  # and the blocks read alike
+           tuple((t.shape, t.stride()) for t in (q, k, d)))
+    hit = _LAST[0] if _LAST else None
+    if hit is not None and all(a is b for a, b in zip(hit[0], (raw["q"], raw["k"], raw["d"]))) \
+            and hit[2] == key and (wrt == "v" or (hit[1] is not None and hit[1] is raw["v"])):
+        grads = hit[3]
+    else:
+        aten = torch.ops.aten
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=mask, scale=p["scale"])
+        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            d, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=p["scale"])
+        _LAST[:] = [((raw["q"], raw["k"], raw["d"]), raw.get("v"), key, grads)]
     res = grads["qkv".index(wrt)]
     have = batch + (qm + em if wrt == "q" else km + (em if wrt == "k" else fm))
     res = res.reshape([ext[m] for m in have])
