@@ -8,7 +8,8 @@ einsummable plans), each under the baseline's layout: the named plan of the same
 `planning.cost.compute_cost` (summed over ops, it is the simulator's compute per device).
 The ops fall in three phases: forward (up to the loss), backward, update (the joins that
 produce the new parameters and optimizer state). Per device: C_f, C_b, U. DDP replicates its
-update, so its U is the update's ops whole on one device.
+update, so its U is the update's ops whole on one device; FSDP steps its 1/N shard, so its U
+is each update op split over the devices along its largest mode (`sharded_update_s`).
 
 **Collectives.** Those of the forward baseline of the same layout (`simulated.simulate_baseline`
 on the forward graph: the same bytes, fabric, rates), and those of the backward and of the
@@ -50,7 +51,7 @@ from einsummable.frontend.ir import Graph
 from einsummable.frontend.optim import TrainGraph
 from einsummable.planning.cost import compute_cost, memory_bound_share
 from einsummable.planning.kernel_time import contention_share
-from einsummable.planning.placement import one_device_choice
+from einsummable.planning.placement import Candidate, one_device_choice
 
 from . import einsummable_system as es_sys
 from .collectives import ACHIEVED, PEAK, Rates, collective_time, fabric
@@ -109,6 +110,24 @@ def replicated_update_s(train: TrainGraph, topology) -> float:
                for op in train.graph.ops if op.output in updated)
 
 
+def sharded_update_s(train: TrainGraph, topology) -> float:
+    """The update's ops each split over the devices along their largest mode: FSDP (ZeRO-3)
+    steps each rank's 1/N shard of the weights and their optimizer state. (The named fsdp
+    layout splits token modes only, and an update has none: it would replicate the update.)"""
+    n = topology.world_size
+    updated = {out for _, out in train.updates}
+    total = 0.0
+    for op in train.graph.ops:
+        if op.output not in updated:
+            continue
+        big = max(op.modes, key=lambda m: op.size[m])
+        p = min(n, op.size[big])
+        cand = Candidate(tuple((m, p if m == big else 1) for m in op.modes),
+                         tuple((d,) for d in range(p)), "update shard")
+        total += compute_cost(op, cand, train.graph, topology).total_s
+    return total
+
+
 def _share(topology, mu: float, moved_bytes: float, seconds: float) -> float:
     """κ of a stream moving `moved_bytes` through each device in `seconds`."""
     return contention_share(topology, mu, moved_bytes / seconds if seconds else None)
@@ -126,7 +145,8 @@ def simulate_training(system: str, train: TrainGraph, forward: Graph, topology) 
     named, fwd_system, weights = LAYOUTS[system]
     plan = es_sys.named_plan(train.graph, topology, named)
     ph = phases(train, plan.chosen, topology)
-    update_s = replicated_update_s(train, topology) if system == "ddp" else ph.update_s
+    update_s = (replicated_update_s(train, topology) if system == "ddp"
+                else sharded_update_s(train, topology) if system == "fsdp" else ph.update_s)
     mu = memory_bound_share(train.graph, topology)
     times = {}
     for label, rates in (("achieved", ACHIEVED), ("peak", PEAK)):
