@@ -1,7 +1,11 @@
-"""Shared test settings: a deterministic hypothesis profile sized for a 2-core CI machine, and
+"""Shared test settings: a deterministic hypothesis profile sized for a 2-core CI machine,
 torchvision importable on the CPU build of torch (timm imports it; see
-`einsummable.models.compat`)."""
+`einsummable.models.compat`), and the `pools` fixture: one pool of gloo worker ranks per test
+module, closed after it."""
+import pytest
 from hypothesis import HealthCheck, settings
+
+from einsummable.backend.runtime.pool import Pools
 
 from einsummable.models.compat import torchvision_importable
 
@@ -9,3 +13,10 @@ settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
 torchvision_importable()
+
+
+@pytest.fixture(scope="module")
+def pools():
+    p = Pools()
+    yield p
+    p.close()

@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 from einsummable.backend import lowering
 from einsummable.backend.lowering import lower_exchange
-from einsummable.backend.runtime.pool import Pools, run_dist
+from einsummable.backend.runtime.pool import run_dist
 from einsummable.backend.runtime.simulator import simulate_programs
 from einsummable.frontend.ir import TensorInfo
 from einsummable.planning import exchange as exchange_mod
@@ -93,13 +93,6 @@ def test_a_broadcast_across_two_nodes_crosses_once_per_rail():
     assert seconds <= nccl
     low = lower_exchange(p.info, p.produced, p.needs, p.agg, H100X2)
     assert simulate_programs(low, H100X2).time_s == pytest.approx(seconds, rel=0.03)
-
-
-@pytest.fixture(scope="module")
-def pools():
-    p = Pools()
-    yield p
-    p.close()
 
 
 def test_rail_broadcasts_run_on_gloo_ranks(pools, monkeypatch):

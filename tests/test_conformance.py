@@ -20,7 +20,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from einsummable.backend.lowering import lower
-from einsummable.backend.runtime.pool import Pools, run_dist
+from einsummable.backend.runtime.pool import run_dist
 from einsummable.backend.runtime.local import run_local
 from einsummable.frontend.capture import bind, trace
 from einsummable.optimizer.api import optimize
@@ -114,13 +114,6 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple, dict]]] = {
     "llama-causal-lm-padded": _padded(_decoder("LlamaForCausalLM", "LlamaConfig")),
     "timm-vit": _timm_vit,
 }
-
-
-@pytest.fixture(scope="module")
-def pools():
-    p = Pools()
-    yield p
-    p.close()
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -21,13 +21,6 @@ from helpers import (LLAMA_TINY_STRATEGIES, llama_tiny as llama, named_plans, pr
                      rel_err, split_plan)
 
 
-@pytest.fixture(scope="module")
-def pools():
-    p = Pools()
-    yield p
-    p.close()
-
-
 @pytest.mark.parametrize("n", [2, 4])
 def test_llama_tiny_on_gloo_equals_reference(n, pools):
     g, ins, ref = llama()

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from einsummable.backend import lowering
 from einsummable.backend.lowering import lower_exchange
-from einsummable.backend.runtime.pool import Pools, run_dist
+from einsummable.backend.runtime.pool import run_dist
 from einsummable.backend.runtime.simulator import simulate_programs
 from einsummable.planning import exchange as exchange_mod
 from einsummable.planning.timing import exchange_time
@@ -66,13 +66,6 @@ def test_small_exchanges_on_the_cube_mesh_take_two_batches(kind):
     assert seconds < 0.02e-3
     low = lower_exchange(p.info, p.produced, p.needs, p.agg, DGX1)
     assert simulate_programs(low, DGX1).time_s == pytest.approx(seconds, rel=0.03)
-
-
-@pytest.fixture(scope="module")
-def pools():
-    p = Pools()
-    yield p
-    p.close()
 
 
 @pytest.mark.parametrize("kind", ["reduce_scatter", "all_reduce", "all_to_all"])

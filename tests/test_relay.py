@@ -3,10 +3,9 @@
 send and forwards the block when it arrives); sends to one peer keep their order."""
 from __future__ import annotations
 
-import pytest
 
 from einsummable.backend.lowering import lower
-from einsummable.backend.runtime.pool import Pools, run_dist
+from einsummable.backend.runtime.pool import run_dist
 from einsummable.backend.runtime.simulator import simulate_programs
 from einsummable.core.program import Compute, Recv, Send
 from einsummable.frontend.builder import Builder
@@ -57,13 +56,6 @@ def test_a_relay_does_not_stall_its_rank():
     # and y still waits for both hops: store and forward, each at the link's rate
     y = next(e for e in res.trace if e[0] == 2 and e[2] == "Compute")
     assert y[4] >= 2 * arrival
-
-
-@pytest.fixture(scope="module")
-def pools():
-    p = Pools()
-    yield p
-    p.close()
 
 
 def test_the_gloo_executor_forwards_a_block_it_is_still_receiving(pools):
