@@ -16,7 +16,7 @@ from ...frontend.inputs import conform_inputs
 from ...frontend.reference import check_inputs
 from ..lowering import Lowered
 from .rank_state import RankState
-from .straight import has_messages, straight_runner
+from .straight import runs_straight, straight_runner
 
 
 def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
@@ -34,7 +34,7 @@ def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
              for p in low.programs]
     pcs = [0] * len(ranks)
     for r, st in enumerate(ranks):  # a rank with no messages never waits: its bound steps
-        if not has_messages(st.prog):
+        if runs_straight(st.consts, st.prog):
             straight_runner(st)()
             pcs[r] = len(st.prog.instrs)
     mail: dict[int, torch.Tensor] = {}

@@ -38,6 +38,23 @@ def _sl(reg) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in reg)
 
 
+def bind_compute(graph, ins: Compute, const_bufs: Mapping[int, torch.Tensor]
+                 ) -> Callable[[dict], None]:
+    """The instruction as one call on a rank's buffers: its op's kernel bound to its block
+    ranges and to the operands `const_bufs` holds (constant blocks, for kernels specialised on
+    their values), built once per plan so a run pays for the kernel only."""
+    op = graph.op(ins.op)
+    known = {i: const_bufs[b] for i, b in enumerate(ins.inputs) if b in const_bufs}
+    kernel = op_runner(op, dict(zip(op.modes, ins.ranges)), known)
+    dtype = TORCH_DTYPES[graph.tensor(op.output).dtype]
+    srcs, out = ins.inputs, ins.out
+
+    def run(bufs: dict) -> None:
+        y = kernel([bufs[i] for i in srcs])
+        bufs[out] = y if y.dtype == dtype else y.to(dtype)
+    return run
+
+
 class RankState:
     """One rank's buffers while its program runs; shared by the local and dist executors."""
 
@@ -75,18 +92,7 @@ class RankState:
         return contextlib.nullcontext()
 
     def _runner(self, ins: Compute):
-        """The instruction as one call on a rank's buffers: its op's kernel bound to its block
-        ranges, built once per plan (kept in `consts`) so a run pays for the kernel only."""
-        op = self.graph.op(ins.op)
-        known = {i: self.const_bufs[b] for i, b in enumerate(ins.inputs) if b in self.const_bufs}
-        kernel = op_runner(op, dict(zip(op.modes, ins.ranges)), known)
-        dtype = TORCH_DTYPES[self.graph.tensor(op.output).dtype]
-        srcs, out = ins.inputs, ins.out
-
-        def run(bufs: dict) -> None:
-            y = kernel([bufs[i] for i in srcs])
-            bufs[out] = y if y.dtype == dtype else y.to(dtype)
-        return run
+        return bind_compute(self.graph, ins, self.const_bufs)
 
     def step(self, ins) -> None:
         """Run one non-communicating instruction (one dict lookup picks its handler: the

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.program import Compute, Const, Free, Output, Place, Program, Recv, Send
-from ...frontend.reference import TORCH_DTYPES, op_runner
-from .rank_state import RankState, step_handler
+from .rank_state import RankState, bind_compute, step_handler
 
 Step = Callable[[RankState], None]
 _STRAIGHT = "straight"  # consts key of a program's bound steps
@@ -59,12 +58,11 @@ def _bind(st: RankState) -> list[Step]:
     it, exactly as the handler path binds them."""
     if has_messages(st.prog):
         raise ValueError("straight_runner runs programs without sends or receives")
-    ops = {op.name: op for op in st.graph.ops}
     known: dict[int, torch.Tensor] = {}  # buffer -> constant block it holds at this point
     steps: list[Step] = []
     for ins in st.prog.instrs:
         if isinstance(ins, Compute):
-            steps.append(_compute(ins, ops, known, st))
+            steps.append(_compute(ins, known, st))
         elif isinstance(ins, Const):
             block = _const_block(st, ins)
             known[ins.out] = block
@@ -92,18 +90,9 @@ def _const_block(st: RankState, ins: Const) -> torch.Tensor:
     return block
 
 
-def _compute(ins: Compute, ops: dict, known: dict[int, torch.Tensor], st: RankState) -> Step:
-    op = ops[ins.op]
-    consts = {i: known[b] for i, b in enumerate(ins.inputs) if b in known}
-    kernel = op_runner(op, dict(zip(op.modes, ins.ranges)), consts)
-    dtype = TORCH_DTYPES[st.graph.tensor(op.output).dtype]
-    srcs, out = ins.inputs, ins.out
-
-    def run(s: RankState) -> None:
-        bufs = s.bufs
-        y = kernel([bufs[i] for i in srcs])
-        bufs[out] = y if y.dtype == dtype else y.to(dtype)
-    return run
+def _compute(ins: Compute, known: dict[int, torch.Tensor], st: RankState) -> Step:
+    run = bind_compute(st.graph, ins, known)
+    return lambda s: run(s.bufs)
 
 
 def _set(out: int, block: torch.Tensor) -> Step:
