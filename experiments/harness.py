@@ -33,7 +33,9 @@ YARDSTICKS = ("floor", "floor-fused")
 class Row:
     """time_s: measured median or simulated prediction. model_s: the optimizer's cost-model
     objective of the same plan where there is one. floor_s: the workload's floor in the same
-    run (measured) or model (simulated). spread_s: interquartile range of measured rounds."""
+    run (measured) or model (simulated). spread_s: interquartile range of measured rounds.
+    machine: the topology's name where one run covers several machines (two may have the
+    same world size); empty otherwise."""
 
     config: str
     workload: str
@@ -50,10 +52,22 @@ class Row:
     note: str = ""
     unavailable: str | None = None
     extra: dict = field(default_factory=dict)
+    machine: str = ""
 
     @property
     def ok(self) -> bool:
         return self.unavailable is None and self.time_s is not None
+
+    @property
+    def column(self) -> str:
+        """The group a row's baselines are compared within: its world size, and its machine
+        where the run names one ("16@a100x8x2")."""
+        return f"{self.world}@{self.machine}" if self.machine else str(self.world)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(workload, column): the rows one headline ratio compares."""
+        return self.workload, self.column
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,12 +90,18 @@ def geomean(xs: Iterable[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def _columns(rows: Sequence[Row]) -> list[str]:
+    """Row columns (`Row.column`) by world size, then machine name."""
+    return [c for _, _, c in sorted({(r.world, r.machine, r.column) for r in rows})]
+
+
 def summarize(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM) -> dict:
-    """Per world size and system: geometric mean time, and the geometric mean of its per-workload
-    ratio to `reference` and to the floor (over workloads where both exist)."""
+    """Per column (world size, and machine where named) and system: geometric mean time, and
+    the geometric mean of its per-workload ratio to `reference` and to the floor (over
+    workloads where both exist)."""
     out: dict[str, Any] = {}
-    for world in sorted({r.world for r in rows}):
-        here = [r for r in rows if r.world == world]
+    for world in _columns(rows):
+        here = [r for r in rows if r.column == world]
         ref = {r.workload: r.time_s for r in here if r.system == reference and r.ok}
         per: dict[str, Any] = {}
         for system in dict.fromkeys(r.system for r in here):
@@ -97,19 +117,19 @@ def summarize(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM) -> dict:
                 "max_ratio_vs_floor": max(vs_floor) if vs_floor else None,
                 "workloads": len(mine),
             }
-        out[str(world)] = per
+        out[world] = per
     return out
 
 
-def best_baselines(rows: Sequence[Row], at_peak: bool = False) -> dict[tuple[str, int], Row]:
-    """Per (workload, world): the fastest baseline row (every system but the optimized one and
+def best_baselines(rows: Sequence[Row], at_peak: bool = False) -> dict[tuple[str, str], Row]:
+    """Per (workload, column): the fastest baseline row (every system but the optimized one and
     the yardsticks). at_peak: rank simulated baselines by their time with collectives at the
     links' full rates (`extra["at_peak_s"]`) where they have one."""
-    best: dict[tuple[str, int], Row] = {}
+    best: dict[tuple[str, str], Row] = {}
     for r in rows:
         if not r.ok or r.system == OPTIMIZED_SYSTEM or r.system in YARDSTICKS:
             continue
-        key = (r.workload, r.world)
+        key = r.key
         if key not in best or _time(r, at_peak) < _time(best[key], at_peak):
             best[key] = r
     return best
@@ -120,15 +140,15 @@ def _time(r: Row, at_peak: bool) -> float:
 
 
 def headline(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM) -> dict:
-    """Per world size: the optimized plan's time over the best baseline of its row (geometric
+    """Per column (world size, and machine where named): the optimized plan's time over the best baseline of its row (geometric
     mean over workloads, and per workload with the baseline's name), beside its ratio to
     `reference`; where simulated baselines carry a time at the links' full rates, the same
     headline against those too."""
     out: dict[str, Any] = {}
     best, best_peak = best_baselines(rows), best_baselines(rows, at_peak=True)
-    ours = {(r.workload, r.world): r for r in rows if r.system == OPTIMIZED_SYSTEM and r.ok}
-    ref = {(r.workload, r.world): r.time_s for r in rows if r.system == reference and r.ok}
-    for world in sorted({r.world for r in rows}):
+    ours = {r.key: r for r in rows if r.system == OPTIMIZED_SYSTEM and r.ok}
+    ref = {r.key: r.time_s for r in rows if r.system == reference and r.ok}
+    for world in _columns(rows):
         keys = [k for k in ours if k[1] == world and k in best]
         if not keys:
             continue
@@ -139,10 +159,10 @@ def headline(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM) -> dict:
             "per_workload": per,
             f"geomean_vs_{reference}": geomean(ours[k].time_s / ref[k] for k in keys if k in ref),
         }
-        if any("at_peak_s" in r.extra for r in rows if r.world == world):
+        if any("at_peak_s" in r.extra for r in rows if r.column == world):
             entry["geomean_vs_best_at_peak"] = geomean(
                 ours[k].time_s / _time(best_peak[k], True) for k in keys if k in best_peak)
-        out[str(world)] = entry
+        out[world] = entry
     return out
 
 
@@ -229,15 +249,15 @@ def format_table(rows: Sequence[Row], reference: str = REFERENCE_SYSTEM,
     head = (f"{'workload':<18} {'N':>2} {'system':<16} {'ms':>10} {'±IQR':>8} "
             f"{'/' + reference:>12} {'/floor':>7}  note")
     lines += [head, "-" * len(head)]
-    ref = {(r.workload, r.world): r.time_s for r in rows if r.system == reference and r.ok}
+    ref = {r.key: r.time_s for r in rows if r.system == reference and r.ok}
     for r in rows:
         if r.unavailable:
-            lines.append(f"{r.workload:<18} {r.world:>2} {r.system:<16} {'-':>10} {'':>8} "
+            lines.append(f"{r.workload:<18} {r.column:>2} {r.system:<16} {'-':>10} {'':>8} "
                          f"{'':>12} {'':>7}  unavailable: {r.unavailable}")
             continue
-        lines.append(f"{r.workload:<18} {r.world:>2} {r.system:<16} {_ms(r.time_s):>10} "
+        lines.append(f"{r.workload:<18} {r.column:>2} {r.system:<16} {_ms(r.time_s):>10} "
                      f"{_ms(r.spread_s) if r.spread_s is not None else '':>8} "
-                     f"{_ratio(r.time_s, ref.get((r.workload, r.world))):>12} "
+                     f"{_ratio(r.time_s, ref.get(r.key)):>12} "
                      f"{_ratio(r.time_s, r.floor_s):>7}  {r.note}")
     return "\n".join(lines)
 

@@ -107,11 +107,16 @@ def simulated_blocks(cfg: dict, stream=None) -> RunResult:
             continue
         floor_s = simulated.compute_floor(graph, topo)
         mine: dict = {}
+        here: list[Row] = []
         for s in systems:
             progress.step(f"{w.name} {s} on {topo.name}")
-            rows.append(_sim_row(cfg, s, w, graph, topo, floor_s, mine))
-        rows.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
+            here.append(_sim_row(cfg, s, w, graph, topo, floor_s, mine))
+        here.append(Row(cfg["name"], w.name, "floor", topo.world_size, w.tokens, floor_s,
                         floor_s=floor_s, note="roofline of 1/N of every op + one launch per op"))
+        # several machines in one run: each row names its own, so that two machines of one
+        # world size are compared apart (`Row.column`)
+        rows += [dataclasses.replace(r, machine=topo.name) for r in here] if len(topos) > 1 \
+            else here
         at = "" if len(topos) == 1 else f"@{topo.name}"
         plans.update({k + at: v for k, v in mine.items()})
         layouts.update({k + at: v for k, v in _layout_lines(w, graph, topo, mine, systems).items()})

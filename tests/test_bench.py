@@ -112,6 +112,25 @@ def test_headline_is_optimized_over_the_best_baseline_of_each_row() -> None:
     assert "best baseline of its row 1.000" in text and "(published 0.66)" in text
 
 
+def test_two_machines_of_one_world_size_are_compared_apart() -> None:
+    """Rows of a100x8x2 and h100x8x2 (16 GPUs each) in one run: each machine's einsummable
+    row is judged against that machine's baselines, not the other's (rows used to be keyed by
+    workload and world size, so the later machine overwrote the earlier)."""
+    R = harness.Row
+    rows = [R("c", "a", "einsummable", 16, time_s=3.0, machine="a100x8x2"),
+            R("c", "a", "fsdp", 16, time_s=2.0, machine="a100x8x2"),
+            R("c", "a", "einsummable", 16, time_s=0.5, machine="h100x8x2"),
+            R("c", "a", "fsdp", 16, time_s=1.0, machine="h100x8x2"),
+            R("c", "a", "einsummable", 8, time_s=1.0), R("c", "a", "fsdp", 8, time_s=4.0)]
+    h = harness.headline(rows)
+    assert list(h) == ["8", "16@a100x8x2", "16@h100x8x2"]
+    assert h["16@a100x8x2"]["geomean_vs_best"] == pytest.approx(1.5)
+    assert h["16@h100x8x2"]["geomean_vs_best"] == pytest.approx(0.5)
+    assert h["8"]["geomean_vs_best"] == pytest.approx(0.25)
+    assert list(harness.summarize(rows)) == list(h)
+    assert "16@h100x8x2" in harness.format_table(rows)
+
+
 def test_random_plans_are_simulated_resident_like_the_optimized_plan(monkeypatch) -> None:
     from experiments import runners
     seen = []
