@@ -12,7 +12,7 @@ from einsummable.backend.runtime.local import run_local
 from einsummable.errors import PlanError
 from einsummable.optimizer.api import plan_cost
 from einsummable.planning.candidates import graph_candidates, roles
-from einsummable.planning.node_parallel import node_parallel_candidates
+from einsummable.planning.node_parallel import grouped, node_parallel_candidates
 from einsummable.planning.placement import INPUT_PREFIX
 from einsummable.planning.plan import Options, Plan
 from einsummable.topology import synthetic
@@ -104,6 +104,32 @@ def test_where_the_rule_cannot_hold_the_error_says_so():
     plan = choose_plan(g, synthetic(4, nodes=2), cache=False, pool=1)
     assert any(label == "optimized-nodes" and "multiple of 2" in why
                for label, why in plan.judged.left_out)
+
+
+def test_a_batch_that_does_not_divide_over_the_nodes_groups_them():
+    """Batch 2 on 4 nodes: the nodes pair up (2 groups of 2 nodes), each pair runs one
+    sequence, and the search inside a pair may use both of its nodes. The plan computes the
+    block, is priced as the MIP scored it, and its groups are the machine's nodes in order."""
+    g, inputs, want = llama_tiny(batch=2, seq=8)
+    topo = synthetic(8, nodes=4)
+    assert grouped(g, topo).fanouts() == (2, 2, 2)
+    assert grouped(g, topo).levels[0].groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert grouped(g, synthetic(4, nodes=2)) == synthetic(4, nodes=2)  # 2 divides: as it is
+    assert grouped(*llama_tiny(batch=3, seq=8)[:1], topo) == topo  # nothing divides: as it is
+    plan = optimize(g, topo, options=Options(nodes="parallel"), cache=False)
+    assert plan.topology.fanouts() == (2, 2, 2)
+    assert plan.topology.devices == topo.devices and plan.topology.links == topo.links
+    r = roles(g)
+    for key, cand in plan.choice:  # every batch-split op: sequence k on pair k's devices
+        batch = [m for m, role in r.modes.get(key, {}).items() if role == "batch"]
+        if batch and dict(cand.parts).get(batch[0], 1) == 2:
+            assert all(set(d) <= {0, 1, 2, 3} or set(d) <= {4, 5, 6, 7}
+                       for d in cand.devices)
+    assert plan_cost(g, plan.topology, plan.chosen, options=plan.options) == pytest.approx(
+        plan.objective_s, rel=1e-9)
+    out = run_local(lower(g, plan.chosen, plan.topology), inputs)[g.outputs[0]]
+    assert rel_err(out, want) <= 1e-5
+    assert Plan.from_json(plan.to_json()).topology.fanouts() == (2, 2, 2)
 
 
 def test_options_keep_every_other_field():

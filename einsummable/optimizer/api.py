@@ -20,7 +20,7 @@ from ..planning.plan import Named, Options, Origin, Plan, Solved
 from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
 from .memory import fits
-from .model import Model, build_model, fixed_nodes
+from .model import Model, build_model, fixed_nodes, search_topology
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
 from .pool import differ_cut, meets
@@ -183,10 +183,12 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     t0 = time.perf_counter()
     check_time_limit(time_limit_s)
     deadline = None if time_limit_s is None else t0 + time_limit_s
-    topology = load_topology(topology)
     options = resolve_options(options, weights=weights, steady_state=steady_state,
                               cost_model=cost_model, exchange_mode=exchange_mode,
                               overlap=overlap, nodes=nodes)
+    topology = search_topology(graph, load_topology(topology), options)
+    if pricer is not None and pricer.topology is not topology:
+        pricer = None  # priced on another hierarchy: build_model makes one for this
     path = None
     if cache:
         d = cache_dir(None if cache is True else cache)
@@ -230,8 +232,8 @@ def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None 
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise PlanError(f"the pool size must be a positive integer, got {size!r}",
                         fix="pass 1 for the optimum alone, or e.g. 3")
-    topology = load_topology(topology)
     options = resolve_options(options, **shortcuts)
+    topology = search_topology(graph, load_topology(topology), options)
     # one pricer for every solve: the exchanges the optimum's search priced are not priced
     # again for the plans after it (on h100x8x2's llama-7b block, most of a solve's time)
     pricer = EdgePricer(topology, options.cost)

@@ -50,7 +50,7 @@ from typing import Mapping
 from ..errors import PlanError
 from ..frontend.ir import Graph, steady_pairs
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
-from ..planning.node_parallel import node_parallel_candidates
+from ..planning.node_parallel import grouped, node_parallel_candidates
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
 from ..planning.kernel_time import contention_share, copy_charge
 from ..planning.placement import INPUT_PREFIX, Candidate, check_candidate, rereads
@@ -122,6 +122,12 @@ def producer_key(graph: Graph, tensor: str) -> str:
     return p.name if p is not None else INPUT_PREFIX + tensor
 
 
+def search_topology(graph: Graph, topology, options: Options, r: Roles | None = None):
+    """The hierarchy the search sees: node-parallel plans group the nodes where the batch
+    does not divide over them (`node_parallel.grouped`); otherwise the machine's own."""
+    return grouped(graph, topology, r) if options.nodes == "parallel" else topology
+
+
 def model_candidates(graph: Graph, topology, options: Options,
                      r: Roles | None = None) -> dict[str, OpCandidates]:
     """Every node's candidates for the options' search: every level, or node-parallel."""
@@ -135,8 +141,10 @@ def build_model(graph: Graph, topology, options: Options = Options(),
                 pricer: EdgePricer | None = None) -> Model:
     t_build = time.perf_counter()
     r = roles(graph)
+    topology = search_topology(graph, topology, options, r)
     nodes = nodes if nodes is not None else model_candidates(graph, topology, options, r)
-    pricer = pricer or EdgePricer(topology, options.cost)
+    if pricer is None or pricer.topology is not topology:  # a pricer of the hierarchy searched
+        pricer = EdgePricer(topology, options.cost)
     sh = BuildMemo(graph, topology, options, pricer)
     compute = {k: sh.compute(oc) for k, oc in nodes.items()}
     layouts = {k: sh.layouts(oc) for k, oc in nodes.items()}

@@ -16,6 +16,14 @@ the least is data parallelism over the nodes. A node-parallel plan fixes level 0
   objective prices it), "free" replicates it over the nodes;
 - the levels below are searched as before (`candidates.op_candidates`' rules).
 
+Where the batch does not divide over the F_0 nodes (batch 16 on 32 nodes), the nodes are
+grouped first (`grouped`): g = the largest divisor of F_0 that divides the batch, each group
+the F_0 / g consecutive nodes, and the groups become a new slowest level (fanouts g, F_0 / g,
+F_1, ...). The rule above then fixes that level: every group runs its share of the batch,
+and the MIP searches inside one group, its nodes and their devices together, so the nodes of
+a group may split a sequence or a head between them over the network where that pays. The
+devices, links and ports are the machine's; only the hierarchy the search sees changes.
+
 Each op keeps the candidates of one node's search (times the weights' level-0 layouts), so
 the MIP over them has the size of one node's, while its costs stay those of the whole
 machine: the cross-node exchanges a plan does make (weights streamed, nothing else in a
@@ -25,10 +33,12 @@ stage judges (`selection/choose.py`), beside the full search's optimum.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ..errors import PlanError
 from ..frontend.ir import Graph, Op
+from ..topology.model import Level
 from .candidates import (LevelParts, OpCandidates, Roles, input_roles, level_candidates,
                          op_candidates, roles, structural)
 from .placement import INPUT_PREFIX, input_op
@@ -37,6 +47,40 @@ from .placement import INPUT_PREFIX, input_op
 def applies(topology) -> bool:
     """A machine of several levels (nodes of devices): what fixing the slowest one means."""
     return len(topology.fanouts()) > 1
+
+
+def batch_sizes(graph: Graph, r: Roles | None = None) -> tuple[int, ...]:
+    """The sizes of the activation inputs' batch dims (the extents a node-parallel plan
+    splits over the nodes)."""
+    r = r or roles(graph)
+    out = set()
+    for t in graph.inputs:
+        if t.kind == "input":
+            op = input_op(t)
+            out.update(op.size[m] for m, role in input_roles(t, r).items() if role == "batch")
+    return tuple(sorted(out))
+
+
+def grouped(graph: Graph, topology, r: Roles | None = None):
+    """`topology` with its nodes grouped so that the batch divides over the groups (module
+    docstring); `topology` itself where it already does, or where no grouping can help (a
+    batch of 1, one level: `node_parallel_candidates` says why)."""
+    if not applies(topology):
+        return topology
+    f0 = topology.fanouts()[0]
+    sizes = batch_sizes(graph, r)
+    if any(b % f0 == 0 for b in sizes):
+        return topology
+    g = max((d for d in range(2, f0) if f0 % d == 0 and any(b % d == 0 for b in sizes)),
+            default=None)
+    if g is None:
+        return topology
+    nodes = topology.levels[0].groups
+    per = f0 // g
+    groups = tuple(tuple(d for node in nodes[i * per:(i + 1) * per] for d in node)
+                   for i in range(g))
+    top = Level(f"{topology.levels[0].name}-group", groups)
+    return dataclasses.replace(topology, levels=(top, *topology.levels))
 
 
 def _batch_modes(op: Op, mode_roles: Mapping[str, str], f0: int) -> tuple[str, ...]:

@@ -56,7 +56,9 @@ class Options:
     `optimizer/objective.py`); False prices every exchange on the critical path.
     nodes: "free" (every level of the machine searched) or "parallel" (on a machine of
     several nodes, each node runs its share of the batch and the search covers the levels
-    inside a node: `planning/node_parallel.py`).
+    inside a node; where the batch does not divide over the nodes, groups of consecutive
+    nodes do, the plan's topology naming the groups as its slowest level:
+    `planning/node_parallel.py`).
     """
     weights: str = "sharded"
     steady_state: bool = False
