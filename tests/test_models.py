@@ -126,6 +126,9 @@ def test_published_sizes() -> None:
     c = preset_config("llama3-8b")
     assert (c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.rope_theta) == (4096, 32, 8, 14336, 500000.0)
     assert llama_ffn_dim(4096, multiple_of=1024, ffn_dim_multiplier=1.3) == 14336
+    c = preset_config("llama2-70b")
+    assert (c.dim, c.n_heads, c.n_kv_heads, c.ffn_dim, c.max_seq) == (8192, 64, 8, 28672, 4096)
+    assert llama_ffn_dim(8192, multiple_of=4096, ffn_dim_multiplier=1.3) == 28672
 
 
 def test_width_keeps_structure() -> None:

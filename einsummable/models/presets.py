@@ -47,6 +47,10 @@ PRESETS: dict[str, ModelConfig] = {
     # LLaMA-3 8B: GQA 32 query / 8 KV heads, FFN 14336 (multiplier 1.3, rounded to 1024).
     "llama3-8b": LlamaConfig(dim=4096, n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=14336,
                              norm_eps=1e-5, rope_theta=500000.0, max_seq=8192),
+    # LLaMA-2 70B: GQA 64 query / 8 KV heads, FFN 28672 (multiplier 1.3, rounded to 4096),
+    # 80 layers in the released model (a block here; `n_layers=` stacks them).
+    "llama2-70b": LlamaConfig(dim=8192, n_heads=64, n_kv_heads=8, head_dim=128, ffn_dim=28672,
+                              norm_eps=1e-5, max_seq=4096),
     # Small enough for unit tests at full width: plain MHA, 4 heads of 16, FFN 172 (Meta's rule
     # with multiple_of=4).
     "llama-tiny": LlamaConfig(dim=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn_dim=172,
