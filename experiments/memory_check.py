@@ -1,0 +1,84 @@
+"""The optimizer's memory model against what the lowered programs allocate (issue 22): per
+plan and rank, the liveness model's peak (`optimizer/peak.py`) beside the peak of the rank's
+program walked instruction by instruction (`backend/footprint.py`).
+
+    python -m experiments.memory_check
+"""
+from __future__ import annotations
+
+import argparse
+
+from einsummable.backend.footprint import lowered_peaks
+from einsummable.backend.lowering import lower
+from einsummable.frontend.builder import Builder
+from einsummable.frontend.capture import trace
+from einsummable.models import preset
+from einsummable.models.llama_ir import llama_block_graph
+from einsummable.optimizer.api import named_plan, optimize
+from einsummable.optimizer.named import NAMED
+from einsummable.optimizer.peak import peak_bytes
+from einsummable.topology import load_topology
+
+MB = 1e6
+TOPOLOGIES = ("cpu2", "cpu4")
+
+
+def mlp_graph(tokens: int = 64, d: int = 256, f: int = 1024):
+    """x @ w1, relu, @ w2 in float32."""
+    b = Builder("float32")
+    x = b.input("x", (tokens, d))
+    h = b.einsum("td,df->tf", x, b.weight("w1", (d, f)), name="up").relu()
+    return b.build([b.einsum("tf,fd->td", h, b.weight("w2", (f, d)), name="down")])
+
+
+def workloads() -> dict:
+    module, _ = preset("llama-tiny", batch=2, seq=8)
+    gpt2, (x,) = preset("gpt2-tiny", batch=2, seq=16)
+    return {"llama-tiny": llama_block_graph(module.config, 2, 8),
+            "mlp": mlp_graph(),
+            "gpt2-tiny": trace(gpt2, (x,))}
+
+
+def plans(graph, topo) -> dict:
+    out = {"optimized": optimize(graph, topo)}
+    for name in NAMED:
+        try:
+            out[name] = named_plan(graph, topo, name)
+        except Exception as e:  # a strategy that does not apply to this graph: named below
+            print(f"  ({name}: {type(e).__name__}: {str(e)[:80]})")
+    return out
+
+
+def delivery(plan) -> str:
+    return "steady" if plan.options.steady_state else "in_place"
+
+
+def rows(graph, topo) -> list[tuple]:
+    out = []
+    for label, plan in plans(graph, topo).items():
+        model = peak_bytes(plan)
+        prog = lowered_peaks(lower(plan, deliver=delivery(plan)))
+        for m, p in zip(model, prog):
+            out.append((label, m.device, m.bytes, p.peak_bytes, m, p))
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    print("| workload | topology | plan | rank | model peak MB | program peak MB | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for wname, graph in workloads().items():
+        for tname in TOPOLOGIES:
+            topo = load_topology(tname)
+            for label, d, mb, pb, m, p in rows(graph, topo):
+                print(f"| {wname} | {tname} | {label} | {d} | {mb / MB:.3f} | {pb / MB:.3f} | "
+                      f"{mb / pb if pb else float('nan'):.3f} |")
+                if args.verbose:
+                    print("   model:", m.describe())
+                    print("   program: pc", p.pc, p.largest)
+
+
+if __name__ == "__main__":
+    main()
