@@ -33,9 +33,9 @@ class DevicePeak:
     largest: tuple[tuple[str, int], ...]
 
     def describe(self) -> str:
-        parts = ", ".join(f"{what} {b / MB:.1f} MB" for what, b in self.largest)
+        parts = ", ".join(f"{what} {b / MB:.3g} MB" for what, b in self.largest)
         at = f"at op {self.op!r} (step {self.step})" if self.op else f"at step {self.step}"
-        return (f"device {self.device} needs {self.bytes / MB:.1f} MB {at}; largest alive: "
+        return (f"device {self.device} needs {self.bytes / MB:.3g} MB {at}; largest alive: "
                 f"{parts}")
 
 
