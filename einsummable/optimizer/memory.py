@@ -14,12 +14,16 @@ are not stored once). Where the transport charges per message, lowering packs ea
 weight blocks into one message (`backend/coalesce.py`), and the packed message is held beside
 the gathered blocks it is unpacked into at the fetch step: the received bytes of a block k
 devices read are held as one peer's 1/k of it at a time (each message unpacked before the
-next), where the block's share is small enough to be packed (`prefetch.worth_packing`). So, with x[v,c] the choice,
+next), where the block's share is small enough to be packed (`prefetch.worth_packing`). A
+graph output left in partial sums is folded at the end on the device of each block's slice 0,
+which receives the other n - 1 partial slices and adds them into a new block: n blocks'
+bytes there at the last step (`folded`). So, with x[v,c] the choice,
 
     m[v,c,d,t] = held[v,c,d]     [lo(v) <= t <= hi(v)]
                + gathered[v,c,d] [t = step(v)]
                + fetched[v,c,d]  [fetch(v) <= t <= step(v)]
                + packed[v,c,d]   [t = fetch(v)]
+               + folded[v,c,d]   [t = T - 1]
     row (d, t):  sum_v sum_c m[v,c,d,t] x[v,c] <= capacity(d)
 
 This gives one row per (device, step); rows that no choice can violate are dropped before
@@ -48,9 +52,11 @@ class Footprint:
     gathered: Sequence[Sequence[int]]
     fetched: Sequence[Sequence[int]]
     packed: Sequence[Sequence[int]]
+    folded: Sequence[Sequence[int]]
     lo: int
     hi: int
     fetch: int
+    last: int  # T - 1
 
     def at(self, c: int, d: int, t: int) -> int:
         """Candidate c's bytes on device d at step t: m[v,c,d,t]."""
@@ -61,12 +67,15 @@ class Footprint:
             out += self.fetched[c][d]
         if t == self.fetch:
             out += self.packed[c][d]
+        if t == self.last:
+            out += self.folded[c][d]
         return out
 
     def terms(self):
         """(bytes per candidate per device, first step, last step) of each term."""
         return ((self.held, self.lo, self.hi), (self.gathered, self.lo, self.lo),
-                (self.fetched, self.fetch, self.lo), (self.packed, self.fetch, self.fetch))
+                (self.fetched, self.fetch, self.lo), (self.packed, self.fetch, self.fetch),
+                (self.folded, self.last, self.last))
 
 
 def _liveness(graph: Graph, nodes: Mapping[str, OpCandidates]) -> dict[str, tuple[int, int]]:
@@ -130,7 +139,14 @@ def _node_bytes(graph: Graph, oc: OpCandidates, layouts: Sequence, n: int, is_op
         gathered.append(acts)
         fetched.append(fetch)
         packed.append(pack)
-    return held, gathered, fetched, packed
+    folded = [[0] * n for _ in layouts]
+    if oc.op.output in graph.outputs:
+        for fold, pieces in zip(folded, layouts):
+            for p in pieces:
+                if p.n_slices > 1 and p.slice == 0:
+                    fold[p.device] += p.n_slices * math.prod(region_shape(p.region)) \
+                        * DTYPE_BYTES[info.dtype]
+    return held, gathered, fetched, packed, folded
 
 
 def footprints(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
@@ -152,10 +168,12 @@ def footprints(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
         sig = (tuple((graph.tensor(x).dtype, graph.tensor(x).kind == "weight")
                      for x in oc.op.inputs),
                tuple(oc.op.inputs.index(x) for x in oc.op.inputs),  # which inputs coincide
-               graph.tensor(oc.op.output).dtype, k in step_of)
+               graph.tensor(oc.op.output).dtype, k in step_of,
+               oc.op.output in graph.outputs)
         return shared.get(("bytes", sop, cands, sig, weights, packs),
                           lambda: _node_bytes(graph, oc, layouts[k], n, k in step_of, weights, packs, devices))
-    return {k: Footprint(*node_bytes(k, oc), *live[k], fetch.get(k, live[k][0]))
+    return {k: Footprint(*node_bytes(k, oc), *live[k], fetch.get(k, live[k][0]),
+                         steps_of(graph) - 1)
             for k, oc in nodes.items()}
 
 

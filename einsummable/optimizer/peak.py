@@ -25,7 +25,7 @@ MB = 1e6
 class DevicePeak:
     """Device `device` holds `bytes` at step `step` (graph op `op` running), the most it holds
     at any step; `largest`: the largest parts then alive, (what, bytes), where what is a
-    tensor's name or "inputs gathered by <op>"."""
+    tensor's name or a term of the model ("inputs gathered by <op>", ...)."""
     device: int
     bytes: int
     step: int
@@ -52,14 +52,12 @@ def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weigh
         t = max(range(steps), key=lambda s: (rows[d][s], -s))
         parts = []
         for k, f in fp.items():
-            if not f.lo <= t <= f.hi:
-                continue
-            if f.held[0][d]:
-                parts.append((nodes[k].op.output, f.held[0][d]))
-            if t == f.lo and f.gathered[0][d]:
-                parts.append((f"inputs gathered by {k}", f.gathered[0][d]))
-            if f.fetch <= t <= f.lo and f.fetched[0][d]:
-                parts.append((f"weights gathered for {k}", f.fetched[0][d]))
+            y = nodes[k].op.output
+            labels = (y, f"inputs gathered by {k}", f"weights gathered for {k}",
+                      f"packed weight messages for {k}", f"partial sums of {y} folded")
+            for label, (terms, lo, hi) in zip(labels, f.terms()):
+                if lo <= t <= hi and terms[0][d]:
+                    parts.append((label, terms[0][d]))
         parts.sort(key=lambda p: (-p[1], p[0]))
         op = graph.ops[t].name if graph.ops else None
         out.append(DevicePeak(d, rows[d][t], t, op, tuple(parts[:TOP_TENSORS])))
