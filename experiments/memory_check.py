@@ -2,7 +2,8 @@
 plan and rank, the liveness model's peak (`optimizer/peak.py`) beside the peak of the rank's
 program walked instruction by instruction (`backend/footprint.py`).
 
-    python -m experiments.memory_check
+    python -m experiments.memory_check              # the table of BENCHMARKS.md
+    python -m experiments.memory_check --random 25  # ratios over random graphs' plans
 """
 from __future__ import annotations
 
@@ -63,10 +64,42 @@ def rows(graph, topo) -> list[tuple]:
     return out
 
 
+RANDOM_PLANS = ("optimized", "data-parallel", "fsdp", "megatron-tp", "one-device")
+
+
+def random_ratios(seeds: int) -> list[float]:
+    """Model over program peak, per rank holding anything, for the plans `RANDOM_PLANS` of
+    the random graphs of seeds 0..seeds-1 (the tests' generator) on cpu2 and cpu4."""
+    import random
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from helpers import random_graph
+    out = []
+    for seed in range(seeds):
+        g = random_graph(random.Random(seed))
+        for tname in TOPOLOGIES:
+            topo = load_topology(tname)
+            for name in RANDOM_PLANS:
+                plan = (optimize(g, topo, cache=False) if name == "optimized"
+                        else named_plan(g, topo, name))
+                peaks = lowered_peaks(lower(plan, deliver=delivery(plan)))
+                out += [m.bytes / p.peak_bytes for m, p in zip(peak_bytes(plan), peaks)
+                        if p.peak_bytes]
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--random", type=int, default=0, help="seeds of random graphs instead")
     args = ap.parse_args(argv)
+    if args.random:
+        r = sorted(random_ratios(args.random))
+        inside = sum(1 for x in r if abs(x - 1) <= 0.1)
+        print(f"{len(r)} ranks: min {r[0]:.3f}, median {r[len(r) // 2]:.3f}, max {r[-1]:.3f}; "
+              f"within 10%: {inside}; under 0.9: {sum(1 for x in r if x < 0.9)}")
+        return
     print("| workload | topology | plan | rank | model peak MB | program peak MB | ratio |")
     print("|---|---|---|---|---|---|---|")
     for wname, graph in workloads().items():

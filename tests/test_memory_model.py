@@ -95,17 +95,33 @@ def test_the_model_peak_is_within_the_bar_on_llama_tiny(topo):
 
 
 def test_the_model_peak_is_within_the_bar_on_an_mlp():
-    """Every plan on two ranks; on four, megatron's rank 0 folds the output's partial sums
-    (three received slices and their sum) that the model does not hold: 0.85 of the program,
-    the one rank outside the bar (BENCHMARKS.md, 2026-12-07, issue 22)."""
     g = mlp(64, d=256, f=1024)
     for topo in ("cpu2", "cpu4"):
         t = load_topology(topo)
         for name in PLANS:
             plan = _plan(g, t, name)
             for m, p in zip(peak_bytes(plan), lowered_peaks(_delivered(plan))):
-                fold = topo == "cpu4" and name.startswith("megatron") and m.device == 0
-                bar = 0.16 if fold else BAR
+                assert abs(m.bytes - p.peak_bytes) <= BAR * p.peak_bytes, (topo, name, m.device)
+
+
+# The GPT-2 block's megatron plan on two ranks: the model holds the attention's q, k and v
+# partial sums (a select split over its contracted mode) until the attention runs, beside
+# the whole blocks gathered for it; the program frees them once they are sent to be folded.
+# 1.11 and 1.14 of the program (BENCHMARKS.md, 2026-12-07, issue 22): outside the bar.
+GPT2_MISS = ("cpu2", "megatron-tp", 0.15)
+
+
+def test_the_model_peak_is_within_the_bar_on_the_gpt2_block():
+    from einsummable.frontend.capture import trace
+    from einsummable.models import preset
+    module, (x,) = preset("gpt2-tiny", batch=2, seq=16)
+    g = trace(module, (x,))
+    for topo in ("cpu2", "cpu4"):
+        t = load_topology(topo)
+        for name in PLANS:
+            plan = _plan(g, t, name)
+            bar = GPT2_MISS[2] if (topo, name) == GPT2_MISS[:2] else BAR
+            for m, p in zip(peak_bytes(plan), lowered_peaks(_delivered(plan))):
                 assert abs(m.bytes - p.peak_bytes) <= bar * p.peak_bytes, (topo, name, m.device)
 
 
