@@ -4,6 +4,7 @@ program walked instruction by instruction (`backend/footprint.py`).
 
     python -m experiments.memory_check              # the table of BENCHMARKS.md
     python -m experiments.memory_check --random 25  # ratios over random graphs' plans
+    python -m experiments.memory_check --least      # the 7B block's least capacity, met
 """
 from __future__ import annotations
 
@@ -89,28 +90,75 @@ def random_ratios(seeds: int) -> list[float]:
     return out
 
 
+def least_capacity() -> None:
+    """The llama-7b block (batch 1 x 512) on a100x8: its default plan's peak, the least
+    capacity the error reports at half of that, and the peak of the plan at that capacity."""
+    import dataclasses
+    import time
+    from einsummable.errors import InfeasibleError
+    from einsummable.models.presets import preset_config
+    g = llama_block_graph(preset_config("llama-7b"), 1, 512)
+    base = load_topology("a100x8")
+
+    def capped(cap):
+        return dataclasses.replace(base, name=f"a100x8-{cap:.0f}", devices=tuple(
+            dataclasses.replace(d, mem_bytes=cap) for d in base.devices))
+
+    def peak(plan) -> float:
+        return max(p.bytes for p in peak_bytes(plan))
+    t0 = time.perf_counter()
+    default = peak(optimize(g, base, cache=False))
+    print(f"default plan: {default / MB:.1f} MB on its fullest device "
+          f"(solved in {time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    try:
+        optimize(g, capped(default / 2), cache=False)
+        print("half of it fits")
+        return
+    except InfeasibleError as e:
+        need = e.min_capacity
+        print(f"at {default / 2 / MB:.1f} MB ({time.perf_counter() - t0:.1f} s): {e}")
+    t0 = time.perf_counter()
+    plan = optimize(g, capped(need * (1 + 1e-6)), cache=False)
+    print(f"at the least capacity {need / MB:.1f} MB: a plan of {peak(plan) / MB:.1f} MB "
+          f"({time.perf_counter() - t0:.1f} s)")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--random", type=int, default=0, help="seeds of random graphs instead")
+    ap.add_argument("--least", action="store_true", help="the 7B block's least capacity")
     args = ap.parse_args(argv)
+    if args.least:
+        least_capacity()
+        return
     if args.random:
         r = sorted(random_ratios(args.random))
         inside = sum(1 for x in r if abs(x - 1) <= 0.1)
         print(f"{len(r)} ranks: min {r[0]:.3f}, median {r[len(r) // 2]:.3f}, max {r[-1]:.3f}; "
               f"within 10%: {inside}; under 0.9: {sum(1 for x in r if x < 0.9)}")
         return
-    print("| workload | topology | plan | rank | model peak MB | program peak MB | ratio |")
+    print("| workload | topology | plan | ranks | model peak MB | program peak MB | ratio |")
     print("|---|---|---|---|---|---|---|")
     for wname, graph in workloads().items():
         for tname in TOPOLOGIES:
             topo = load_topology(tname)
+            groups: list[list] = []  # consecutive ranks of one plan with the same peaks
             for label, d, mb, pb, m, p in rows(graph, topo):
-                print(f"| {wname} | {tname} | {label} | {d} | {mb / MB:.3f} | {pb / MB:.3f} | "
-                      f"{mb / pb if pb else float('nan'):.3f} |")
+                if pb == 0 and mb == 0:
+                    continue  # a rank the plan leaves empty (one device)
+                if groups and groups[-1][0] == (label, mb, pb):
+                    groups[-1][1].append(d)
+                else:
+                    groups.append([(label, mb, pb), [d]])
                 if args.verbose:
                     print("   model:", m.describe())
                     print("   program: pc", p.pc, p.largest)
+            for (label, mb, pb), ranks in groups:
+                r = f"{ranks[0]}" if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+                print(f"| {wname} | {tname} | {label} | {r} | {mb / MB:.3f} | {pb / MB:.3f} | "
+                      f"{mb / pb:.3f} |")
 
 
 if __name__ == "__main__":
