@@ -1,23 +1,26 @@
 """Memory (liveness model). Ops run in graph order t = 0..T-1. A tensor is live from the step that
 produces it (graph inputs: from the start) through its last reader (graph outputs: to the end);
-weights are live throughout. At step t device d holds every live tensor's pieces on d (replicas
-and partial slices count in full), the activation blocks op t gathers on d, and the weight
-blocks gathered on d for every op v with fetch(v) <= t <= step(v): lowering exchanges an op's
-weights ahead of it, from step fetch(v) (`planning/prefetch.py`), and holds them until it runs.
-A gathered block that its device already holds whole is read in place (a view, no bytes).
-Whether it is depends on the producer's choice too, which a row over x cannot see; the rows
+weights are live throughout. At step t device d holds:
+
+- held: every live tensor's pieces on d (replicas and partial slices count in full);
+- gathered: the activation blocks op t reads on d;
+- fetched: the weight blocks gathered on d for every op v with fetch(v) <= t <= step(v):
+  lowering exchanges an op's weights ahead of it, from step fetch(v) (`planning/prefetch.py`,
+  the rule both read), and holds them until it runs;
+- packed: where the transport charges per message, lowering packs each peer's small weight
+  blocks into one message (`prefetch.worth_packing`), held at the fetch step beside the blocks
+  it is unpacked into; a peer sends its 1/k of a block k devices read, one message unpacked
+  before the next;
+- folded: a graph output left in partial sums is folded at the end on the device of each
+  block's slice 0, which receives the other n - 1 slices and adds them into a new block: n
+  blocks' bytes there at the last step.
+
+A block its device already holds whole is read in place (a view, no bytes). Whether it is
+depends on the producer's choice too, which a row over one node's choice cannot see; the rows
 assume what a plan does unless it pays an exchange for nothing: a block only one device reads
-is held there (an unshared block is read where it was made or stored), so only blocks that
-several devices read (in part) count as gathered (a weight stored once and gathered, FSDP; an
-activation all-gathered), and no weight block where weights may be placed freely (replicas
-are not stored once). Where the transport charges per message, lowering packs each peer's
-weight blocks into one message (`backend/coalesce.py`), and the packed message is held beside
-the gathered blocks it is unpacked into at the fetch step: the received bytes of a block k
-devices read are held as one peer's 1/k of it at a time (each message unpacked before the
-next), where the block's share is small enough to be packed (`prefetch.worth_packing`). A
-graph output left in partial sums is folded at the end on the device of each block's slice 0,
-which receives the other n - 1 partial slices and adds them into a new block: n blocks'
-bytes there at the last step (`folded`). So, with x[v,c] the choice,
+is held there, so only blocks several devices read (in part) count as gathered or fetched (a
+weight stored once and gathered, FSDP; an activation all-gathered), and no weight block where
+weights may be placed freely (replicas are not stored once). So, with x[v,c] the choice,
 
     m[v,c,d,t] = held[v,c,d]     [lo(v) <= t <= hi(v)]
                + gathered[v,c,d] [t = step(v)]
@@ -27,7 +30,8 @@ bytes there at the last step (`folded`). So, with x[v,c] the choice,
     row (d, t):  sum_v sum_c m[v,c,d,t] x[v,c] <= capacity(d)
 
 This gives one row per (device, step); rows that no choice can violate are dropped before
-solving. `peak.py` sums the same footprints for one plan.
+solving. `peak.py` sums the same footprints for one plan: the rows and a plan's peak are one
+computation (`backend/footprint.py` walks what the programs allocate, to check it).
 """
 from __future__ import annotations
 
@@ -45,9 +49,9 @@ from .memo import BuildMemo
 
 @dataclass(frozen=True)
 class Footprint:
-    """One node's part of every row: per candidate, the bytes it holds on each device while
-    its tensor is live (`held`) and the bytes its op gathers on each device at its own step
-    (`gathered`); live over steps lo..hi."""
+    """One node's part of every row: each term, per candidate per device, bytes over its
+    steps (`terms`): held over lo..hi, gathered at lo (the op's step), fetched over
+    fetch..lo, packed at fetch, folded at last."""
     held: Sequence[Sequence[int]]
     gathered: Sequence[Sequence[int]]
     fetched: Sequence[Sequence[int]]
@@ -60,16 +64,7 @@ class Footprint:
 
     def at(self, c: int, d: int, t: int) -> int:
         """Candidate c's bytes on device d at step t: m[v,c,d,t]."""
-        out = self.held[c][d] if self.lo <= t <= self.hi else 0
-        if t == self.lo:
-            out += self.gathered[c][d]
-        if self.fetch <= t <= self.lo:
-            out += self.fetched[c][d]
-        if t == self.fetch:
-            out += self.packed[c][d]
-        if t == self.last:
-            out += self.folded[c][d]
-        return out
+        return sum(b[c][d] for b, lo, hi in self.terms() if lo <= t <= hi)
 
     def terms(self):
         """(bytes per candidate per device, first step, last step) of each term."""
@@ -163,7 +158,8 @@ def footprints(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
 
     def node_bytes(k: str, oc: OpCandidates):
         if shared is None:
-            return _node_bytes(graph, oc, layouts[k], n, k in step_of, weights, packs, devices)
+            return _node_bytes(graph, oc, layouts[k], n, k in step_of, weights, packs,
+                               devices)
         sop, cands = shared.struct(oc)
         sig = (tuple((graph.tensor(x).dtype, graph.tensor(x).kind == "weight")
                      for x in oc.op.inputs),
@@ -171,7 +167,8 @@ def footprints(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
                graph.tensor(oc.op.output).dtype, k in step_of,
                oc.op.output in graph.outputs)
         return shared.get(("bytes", sop, cands, sig, weights, packs),
-                          lambda: _node_bytes(graph, oc, layouts[k], n, k in step_of, weights, packs, devices))
+                          lambda: _node_bytes(graph, oc, layouts[k], n, k in step_of,
+                                              weights, packs, devices))
     return {k: Footprint(*node_bytes(k, oc), *live[k], fetch.get(k, live[k][0]),
                          steps_of(graph) - 1)
             for k, oc in nodes.items()}
