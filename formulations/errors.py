@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class FormulationError(Exception):
     """Base class of every error raised by `formulations`."""
@@ -28,6 +30,8 @@ class Infeasible(FormulationError):
     - ``capacity``: its current capacity cap_k.
     - ``min_capacity``: cap_k + extra, the capacity resource k would need. For uniform
       capacities (identical devices) this is exactly the smallest capacity that fits.
+    - ``assignment``: an assignment that needs least (node -> option), for the caller's
+      account of what fills resource k.
 
     Otherwise (fixed options, ties or side constraints conflict) all four are None.
     """
@@ -40,9 +44,11 @@ class Infeasible(FormulationError):
         resource: int | None = None,
         capacity: float | None = None,
         extra: float | None = None,
+        assignment: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.min_capacity = min_capacity
         self.resource = resource
         self.capacity = capacity
         self.extra = extra
+        self.assignment = dict(assignment) if assignment is not None else None

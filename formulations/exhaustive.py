@@ -25,7 +25,8 @@ def exhaustive(problem: Problem) -> Solution:
         raise InvalidProblem(f"exhaustive search over {size} assignments is too large")
     idx = list(range(len(cp.domain)))
     best: tuple[float, dict[str, int]] | None = None
-    least_excess: tuple[float, int] | None = None  # over assignments feasible apart from memory
+    # (excess, resource, assignment) over assignments feasible apart from memory
+    least_excess: tuple[float, int, dict[str, int]] | None = None
     for combo in itertools.product(*cp.domain):
         assignment = cp.expand(dict(zip(idx, combo)))
         if violations(problem, assignment, memory=False):
@@ -33,7 +34,7 @@ def exhaustive(problem: Problem) -> Solution:
         if problem.capacities is not None:
             ex = memory_excess(problem, assignment)
             if least_excess is None or ex[0] < least_excess[0]:
-                least_excess = ex
+                least_excess = (*ex, assignment)
         if violations(problem, assignment):
             continue
         obj = objective(problem, assignment)
@@ -42,11 +43,11 @@ def exhaustive(problem: Problem) -> Solution:
     if best is None:
         if least_excess is None:
             raise Infeasible("no assignment satisfies the fixed options, tie groups and side constraints")
-        extra, k = least_excess
+        extra, k, least = least_excess
         cap = problem.capacities[k]
         raise Infeasible(
             f"memory needs at least {cap + extra:.6g} bytes on resource {k}; capacity is {cap:.6g}",
-            min_capacity=cap + extra, resource=k, capacity=cap, extra=extra,
+            min_capacity=cap + extra, resource=k, capacity=cap, extra=extra, assignment=least,
         )
     obj, assignment = best
     return Solution(assignment, obj, obj, 0.0, time.perf_counter() - t0, "optimal", "exhaustive")

@@ -402,13 +402,14 @@ def _diagnose(problem: Problem, cp: Compact, solver, time_limit_s, threads, msg)
         choice = _choice(cp, ex)
     else:
         choice = {}
-    extra, k = memory_excess(problem, cp.expand(choice))
+    least = cp.expand(choice)
+    extra, k = memory_excess(problem, least)
     cap = problem.capacities[k]
     need = cap + extra
     return Infeasible(
         f"memory needs at least {need:.6g} bytes on resource {k}; capacity is {cap:.6g}"
         f"{approx}. Every resource needs {extra:.6g} more bytes for any assignment to fit.",
-        min_capacity=need, resource=k, capacity=cap, extra=extra,
+        min_capacity=need, resource=k, capacity=cap, extra=extra, assignment=least,
     )
 
 

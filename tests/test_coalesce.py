@@ -9,7 +9,7 @@ import random
 import torch
 from hypothesis import given, settings, strategies as st
 
-from einsummable.backend.coalesce import worth_packing
+from einsummable.planning.prefetch import worth_packing
 from einsummable.backend.lowering import lower
 from einsummable.frontend.reference import evaluate
 from einsummable.backend.runtime.local import run_local

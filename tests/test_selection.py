@@ -126,12 +126,15 @@ def test_one_device_sends_nothing_and_is_chosen_where_it_is_fastest():
 def test_one_device_that_does_not_fit_is_left_out_and_says_why():
     from einsummable.errors import InfeasibleError
     from einsummable.topology import synthetic
-    g, topo = mlp(256, d=512, f=2048), synthetic(2, mem_bytes=8e6)  # fits on two, not one
+    # 6 MB: megatron (3.4 MB a device) and data parallel (5.2) fit, the one device does not
+    # (6.3), nor do fsdp and ulysses (7.1: both weights gathered whole ahead of the first
+    # matmul, beside their shards)
+    g, topo = mlp(256, d=512, f=2048), synthetic(2, mem_bytes=6e6)
     with pytest.raises(InfeasibleError, match="does not fit on device 0: .* MB live"):
         named_plan(g, topo, "one-device")
     plan = choose_plan(g, topo, cache=False)
     assert "one-device" not in [c.label for c in plan.judged.considered]
-    assert [label for label, _ in plan.judged.left_out] == ["one-device"]
+    assert "one-device" in [label for label, _ in plan.judged.left_out]
     assert "left out: the whole graph does not fit" in explain(plan, strategies=False)
     assert Plan.from_json(plan.to_json()).judged == plan.judged
 

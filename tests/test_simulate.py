@@ -14,7 +14,6 @@ from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.topology import load_topology, synthetic
 
 import einsummable.planning.network as N
-import einsummable.backend.runtime.simulator as S
 
 from helpers import random_choice, random_graph
 

@@ -30,14 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.program import (
-    Alloc,
     Free,
     Pack,
-    Place,
     Program,
     Recv,
     Send,
-    Slice,
     Unpack,
     batch_keepers,
     p2p_batches,
@@ -45,12 +42,10 @@ from ..core.program import (
     writes,
 )
 from ..frontend.ir import DTYPE_BYTES
+from ..planning.prefetch import worth_packing
 
 # Fewer blocks than this in a group are not worth a pack copy.
 MIN_GROUP = 2
-# Times each packed byte is moved through memory: read and written by the pack, and again
-# by the unpack when the part lands in a buffer rather than being used as a view.
-PACK_PASSES = 4
 
 
 def _batch_ids(instrs) -> list[int | None]:
@@ -73,12 +68,6 @@ class _Group:
     receiver: int
     sends: list[int] = field(default_factory=list)  # indices in the sender's program
 
-
-def worth_packing(nbytes: int, sender, receiver) -> bool:
-    """A block is packed when the message it saves costs more than copying it twice."""
-    saved = min(sender.message_s, receiver.message_s)
-    copy = PACK_PASSES * nbytes / min(sender.mem_bw, receiver.mem_bw)
-    return saved > copy
 
 
 def coalesce(programs: tuple[Program, ...], topology: Any) -> tuple[Program, ...]:

@@ -61,14 +61,12 @@ from ..planning.placement import (
     output_layout,
     rereads,
 )
+from ..planning.prefetch import PREFETCH_OPS, prefetch_depth, weighted_ops
 from ..planning.spec import tuples
 from ..planning.transfers import Exchange, pack_groups
 from ..topology import load_topology
 from .coalesce import coalesce as pack_messages
 
-# Weight-reading ops whose weights are in flight ahead of the op running: enough that a large
-# matmul's weights start crossing while the small ops before it (norms, rotary) run.
-PREFETCH_OPS = 4
 # Where lowering leaves the graph outputs (`lower`'s `deliver`).
 RANK0, IN_PLACE, STEADY = "rank0", "in_place", "steady"
 DELIVERIES = (RANK0, IN_PLACE, STEADY)
@@ -252,7 +250,6 @@ def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology,
              source: tuple | None = None) -> dict[tuple[Region, int], int]:
     """Buffers holding each (region, device) need of a tensor (sent from `source`, see
     `_exchange`)."""
-    g = st.graph
     out: dict[tuple[Region, int], int] = {}
     if info.kind == "constant":
         for q, d in needs:
@@ -388,11 +385,9 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
         _check_devices(op.name, choice[op.name], world)
     # Weights do not depend on the activations: their transfers for the next `prefetch` ops
     # that read weights go out before this op's kernels, so they flow while it computes.
-    weighted = [op for op in graph.ops if any(graph.tensor(n).kind == "weight" for n in op.inputs)]
-    if coalesce and topology.charges_per_message:
-        # A transport that charges per message: every weight goes out at the start, in one
-        # batch, so that coalescing packs each peer's blocks into one message.
-        prefetch = len(weighted)
+    # (A transport that charges per message: every weight at the start, `prefetch.py`.)
+    weighted = weighted_ops(graph)
+    prefetch = prefetch_depth(graph, topology, prefetch, coalesce)
     fetched = 0
 
     def fetch_weights(upto: int) -> None:

@@ -21,6 +21,7 @@ from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
 from .memory import fits
 from .model import Model, build_model, fixed_nodes, search_topology
+from .peak import assignment_peaks
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
 from .pool import differ_cut, meets
@@ -130,11 +131,10 @@ def _one_device_plan(graph: Graph, topology, options: Options) -> Plan:
     model = build_model(graph, topology, options,
                         fixed_nodes(graph, topology, options, one_device_choice(graph)))
     if model.memory is not None:
-        need = max(sum(rows[i][0] for rows in model.memory.values())
-                   for i in range(len(model.capacities)))
-        raise InfeasibleError(f"the whole graph does not fit on device 0: {need / MB:.1f} MB "
-                              f"live at its peak, {model.capacities[0] / MB:.1f} MB there",
-                              fix="use a plan over several devices")
+        peak = assignment_peaks(model, {k: 0 for k in model.nodes})[0]
+        raise InfeasibleError(f"the whole graph does not fit on device 0: {peak.bytes / MB:.1f} "
+                              f"MB live at its peak, {model.capacities[0] / MB:.1f} MB there "
+                              f"({peak.describe()})", fix="use a plan over several devices")
     assignment = {k: 0 for k in model.nodes}
     return _plan(model, assignment, objective_s(model, assignment), None, None, 0.0,
                  Named(ONE_DEVICE))

@@ -37,8 +37,9 @@ OBJECTIVE_REL_TOL = 1e-9
 # and multipath programs on meshes, forwarded parts sent from where they landed; 14: direct
 # folds, pipelined folds a round after arrival, a round's strided sends packed by one kernel;
 # 15: files carry their plan's digest; 16: flat programs, broadcasts and gathers by rail;
-# 17: an exchange that is one node's on every node synthesised per node).
-CACHE_VERSION = 17
+# 17: an exchange that is one node's on every node synthesised per node; 18: memory rows
+# count blocks read in place as free, weights gathered from their fetch step, packed messages).
+CACHE_VERSION = 18
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

@@ -103,6 +103,8 @@ class Model:
     contention: float = 0.0
     # Compute a weight's stitching copies cost per second of copy (`kernel_time.copy_charge`).
     copy_charge: float = 1.0
+    # The (device, step) of each memory row, in the order of `capacities`.
+    row_keys: tuple[tuple[int, int], ...] | None = None
 
     def unary(self, key: str, c: int) -> float:
         f = self.finish.get(key)
@@ -199,11 +201,11 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         info = graph.tensor(y)
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
-    memory, caps = memory_rows(graph, topology, nodes, layouts, sh)
+    memory, caps, mem_rows = memory_rows(graph, topology, nodes, layouts, options.weights, sh)
     mu = memory_bound_share(graph, topology, options.cost)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   tie_groups(graph, nodes), memory, caps, r, pricer,
-                  contention_share(topology, mu), copy_charge(topology, mu))
+                  contention_share(topology, mu), copy_charge(topology, mu), mem_rows)
     if log.isEnabledFor(logging.INFO):
         seen = {id(e.matrix): e.matrix.shape for e in edges}
         log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",

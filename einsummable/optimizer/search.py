@@ -14,6 +14,7 @@ from ..errors import InfeasibleError, SolverError
 from .lp_phase import LpPhase, lp_phase
 from .model import Model
 from .objective import is_weight_edge, objective_s, overlap_problem, split, to_problem
+from .peak import assignment_peaks
 from .policy import DEFAULT_POLICY, SearchPolicy
 
 # Where a solve spends its time (each solve, each pricing), at INFO: for a user asking why a
@@ -35,7 +36,7 @@ def solve_model(model: Model, *, time_limit_s: float | None = None, solver: str 
             problem = make(w, pen)
             return dataclasses.replace(problem, side=problem.side + tuple(side))
         return solve_lazily(model, constrained if side else make, warm,
-                            lambda p, t: _solve_problem(p, t, solver), limit, policy)
+                            lambda p, t: _solve_problem(p, t, solver, model), limit, policy)
     if model.options.overlap:
         return solve_overlap(model, solve, incumbents=tuple(incumbents),
                              time_limit_s=time_limit_s)
@@ -247,7 +248,7 @@ def _price_logged(model: Model, cells: list[tuple], what: str,
     return done
 
 
-def _solve_problem(problem, time_limit_s: float | None, solver: str):
+def _solve_problem(problem, time_limit_s: float | None, solver: str, model: Model):
     try:
         return fm.solve(problem, solver=solver, time_limit_s=time_limit_s)
     except fm.Infeasible as e:
@@ -258,7 +259,8 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str):
             err = InfeasibleError(
                 f"no plan fits the devices' memory: the plan that needs least still needs "
                 f"{e.min_capacity / MB:.1f} MB on a device that has {e.capacity / MB:.1f} MB"
-                + (" (at most: the search hit its time limit)" if "at most" in str(e) else ""),
+                + (" (at most: the search hit its time limit)" if "at most" in str(e) else "")
+                + _fullest(model, e),
                 fix=f"give each device at least {e.min_capacity / MB:.1f} MB; or use more "
                     "devices, weights='sharded', or a smaller batch or sequence")
         err.min_capacity = e.min_capacity
@@ -266,6 +268,15 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str):
     except fm.FormulationError as e:
         raise SolverError(f"the {solver} solve failed: {e}",
                           fix="raise time_limit_s, or try solver='cbc'") from None
+
+
+def _fullest(model: Model, e) -> str:
+    """What fills the binding device under the plan that needs least (`peak.py`): the
+    device, the op running at its peak, the largest tensors then alive."""
+    if e.assignment is None or model.row_keys is None or e.resource is None:
+        return ""
+    device = model.row_keys[e.resource][0]
+    return ": " + assignment_peaks(model, e.assignment)[device].describe()
 
 
 def solve_overlap(model: Model, solve_problem, *,

@@ -6,7 +6,7 @@ kernels live on one torch device (`device=`, default the CPU; a GPU runs them wi
 asynchronous kernels, so a caller timing a run synchronises the device around it)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -37,6 +37,14 @@ def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
         if runs_straight(st.consts, st.prog):
             straight_runner(st)()
             pcs[r] = len(st.prog.instrs)
+    interleave(ranks, pcs)
+    return {name: ranks[0].outputs[name] for name in low.graph.outputs}
+
+
+def interleave(ranks: list[RankState], pcs: list[int],
+               after: Callable[[int, int], None] | None = None) -> None:
+    """Run the ranks' programs from `pcs` to their ends, each until it waits for a message;
+    `after(rank, pc)`, where given, is called after every instruction (a measurement)."""
     mail: dict[int, torch.Tensor] = {}
     while True:
         progressed = False
@@ -55,12 +63,13 @@ def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
                         st.recv_buffer(ins).copy_(mail.pop(ins.tag))
                 else:
                     st.step(ins)
+                if after is not None:
+                    after(r, pcs[r])
                 pcs[r] += 1
                 progressed = True
         if all(pc == len(st.prog.instrs) for pc, st in zip(pcs, ranks)):
-            break
+            return
         if not progressed:
             stuck = [r for r, st in enumerate(ranks) if pcs[r] < len(st.prog.instrs)]
             raise RuntimeFault(f"ranks {stuck} wait for messages nobody sends",
                                fix="the programs are inconsistent; lower the plan again")
-    return {name: ranks[0].outputs[name] for name in low.graph.outputs}

@@ -1,0 +1,79 @@
+"""A plan's memory peak per device by the liveness model (`memory.py`): the same footprints the
+MIP's memory rows are made of, summed for the chosen candidates, so that the rows, the peak a
+plan reports and the diagnosis of an infeasible model never disagree.
+
+    peak(d) = max over steps t of load[d][t],   load[d][t] = sum_v m[v, choice(v), d, t]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..frontend.ir import Graph
+from ..planning.candidates import OpCandidates
+from ..planning.placement import output_layout
+from ..planning.plan import Plan
+from .memory import footprints, load, steps_of
+from .model import Model, fixed_nodes
+
+# How many of the largest tensors alive at a peak its account names.
+TOP_TENSORS = 4
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Device `device` holds `bytes` at step `step` (graph op `op` running), the most it holds
+    at any step; `largest`: the largest parts then alive, (what, bytes), where what is a
+    tensor's name or a term of the model ("inputs gathered by <op>", ...)."""
+    device: int
+    bytes: int
+    step: int
+    op: str | None
+    largest: tuple[tuple[str, int], ...]
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{what} {b / MB:.3g} MB" for what, b in self.largest)
+        at = f"at op {self.op!r} (step {self.step})" if self.op else f"at step {self.step}"
+        return (f"device {self.device} needs {self.bytes / MB:.3g} MB {at}; largest alive: "
+                f"{parts}")
+
+
+def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str
+                ) -> tuple[DevicePeak, ...]:
+    """Every device's peak where each node has exactly one candidate (the chosen one), under
+    the weights option `weights`."""
+    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
+    fp = footprints(graph, topology, nodes, layouts, weights)
+    n, steps = topology.world_size, steps_of(graph)
+    rows = load(fp, {k: 0 for k in nodes}, n, steps)
+    out = []
+    for d in range(n):
+        t = max(range(steps), key=lambda s: (rows[d][s], -s))
+        parts = []
+        for k, f in fp.items():
+            y = nodes[k].op.output
+            labels = (y, f"inputs gathered by {k}", f"weights gathered for {k}",
+                      f"packed weight messages for {k}", f"partial sums of {y} folded")
+            for label, (terms, lo, hi) in zip(labels, f.terms()):
+                if lo <= t <= hi and terms[0][d]:
+                    parts.append((label, terms[0][d]))
+        parts.sort(key=lambda p: (-p[1], p[0]))
+        op = graph.ops[t].name if graph.ops else None
+        out.append(DevicePeak(d, rows[d][t], t, op, tuple(parts[:TOP_TENSORS])))
+    return tuple(out)
+
+
+def peak_bytes(plan: Plan) -> tuple[DevicePeak, ...]:
+    """A plan's peak per device by the liveness model the optimizer bounds memory with."""
+    return fixed_peaks(plan.graph, plan.topology,
+                       fixed_nodes(plan.graph, plan.topology, plan.options, plan.chosen),
+                       plan.options.weights)
+
+
+def assignment_peaks(model: Model, assignment: Mapping[str, int]) -> tuple[DevicePeak, ...]:
+    """The peaks of one assignment of a model (node -> candidate index)."""
+    nodes = {k: OpCandidates(k, oc.op, (oc.cands[assignment[k]],),
+                             (oc.level_parts[assignment[k]],))
+             for k, oc in model.nodes.items()}
+    return fixed_peaks(model.graph, model.topology, nodes, model.options.weights)
