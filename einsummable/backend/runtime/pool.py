@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import hashlib
+import math
 import os
 import queue
 import threading
@@ -25,6 +26,7 @@ import torch
 
 from ...errors import PlanError, RuntimeFault
 from ...frontend.inputs import conform_inputs
+from ...frontend.ir import DTYPE_BYTES
 from ..lowering import Lowered
 from .dist import WAIT_TIMEOUT_S, execute, forbid_collectives, p2p_barrier, rank_blocks
 from .resident import check_fed, gather, kept_inputs
@@ -290,8 +292,10 @@ class Pool:
         for r in range(self.world_size):
             fa = fault[1] if fault is not None and fault[0] == r else None
             new, act = rank_blocks(low, r, inputs, stale), rank_blocks(low, r, inputs, acts)
-            for (name, _), b in (*new.items(), *act.items()):
-                self.last_sent[name] = self.last_sent.get(name, 0) + b.numel() * b.element_size()
+            for name, region in (*new, *act):
+                nbytes = math.prod(b - a for a, b in region) * DTYPE_BYTES[
+                    low.graph.tensor(name).dtype]
+                self.last_sent[name] = self.last_sent.get(name, 0) + nbytes
             self._jobs[r].put((key, text if first else None, new, act, fa, want))
         got = self._collect("done", limit_s)
         self._held[key] = carried  # every rank ran to its end: its Keeps were run
