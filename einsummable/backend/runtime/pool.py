@@ -155,6 +155,7 @@ class Pool:
     _kept: dict = field(default_factory=dict)  # plan key -> the inputs its programs keep
     _held: dict = field(default_factory=dict)  # plan key -> the inputs the ranks keep now
     last_sent: dict = field(default_factory=dict)  # input -> bytes the last run sent the ranks
+    _keys: dict = field(default_factory=dict)  # id(lowered) -> (lowered, plan key)
 
     def start(self) -> "Pool":
         import torch.multiprocessing as mp
@@ -255,10 +256,22 @@ class Pool:
         got = self._submit(low, inputs, None, limit_s, TRACE)
         return [(r, *e) for r in sorted(got) for e in got[r]]
 
+    def _key(self, low: Lowered) -> tuple[str, str | None]:
+        """The plan's key (a hash of its JSON) and, where it was worked out now, the JSON.
+        Kept per Lowered object (held, so its id is not reused): writing a training step's
+        programs as JSON takes milliseconds, a fair share of a small step."""
+        hit = self._keys.get(id(low))
+        if hit is not None and hit[0] is low:
+            return hit[1], None
+        text = low.to_json()
+        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        self._keys[id(low)] = (low, key)
+        return key, text
+
     def kept(self, low: Lowered, names, limit_s: float = 600.0) -> dict[str, torch.Tensor]:
         """The inputs `names` whole (on the CPU), gathered from the blocks the ranks keep of
         them after the plan's last run (`resident.py`); the ranks run nothing."""
-        key = hashlib.sha256(low.to_json().encode()).hexdigest()[:16]
+        key, _ = self._key(low)
         names = set(names)
         if not names <= self._held.get(key, set()):
             raise PlanError(f"the ranks keep no {sorted(names - self._held.get(key, set()))} "
@@ -273,10 +286,10 @@ class Pool:
         if low.world_size != self.world_size:
             raise PlanError(f"the plan is for {low.world_size} ranks but the pool has "
                             f"{self.world_size}", fix=f"run with world_size={low.world_size}")
-        text = low.to_json()
-        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        key, text = self._key(low)
         first = key not in self._sent
         if first:
+            text = text or low.to_json()
             self._kept[key] = kept_inputs(low)
         # an input the ranks keep is sent only when passed (its value replaced outside a run)
         carried, held = self._kept[key], self._held.get(key, frozenset())
