@@ -5,16 +5,21 @@ meet, and what an infeasible model says."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helpers import inputs_for, llama_tiny, mlp, random_choice, random_graph
+from helpers import TOPOS, inputs_for, llama_tiny, mlp, random_choice, random_graph
+from test_resident import _carried_graph
+from einsummable.backend.carry import Carry
 from einsummable.backend.footprint import live_bytes, lowered_peaks
 from einsummable.backend.lowering import lower
 from einsummable.backend.runtime.measure import measured_live_bytes
+from einsummable.core.geometry import region_shape
+from einsummable.core.program import Keep
 from einsummable.errors import InfeasibleError
 from einsummable.frontend.ir import DTYPE_BYTES
 from einsummable.optimizer.api import named_plan, optimize
@@ -196,3 +201,17 @@ def test_the_least_capacity_reported_is_one_a_plan_meets_on_the_7b_block():
     assert default / 2 < need <= default
     plan = optimize(g, capped(need * (1 + 1e-6)), cache=False)
     assert max(p.bytes for p in peak_bytes(plan)) <= need * (1 + 1e-6)
+
+
+def test_blocks_kept_for_the_next_call_stay_counted_to_the_end():
+    """A block a program keeps (`Keep`) is held by the rank after the run, whatever the
+    program frees: the walk's last count holds at least the kept blocks' bytes."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        g, pairs = _carried_graph(rng)
+        low = lower(g, random_choice(g, 2, rng), TOPOS[2], carry=Carry(pairs))
+        for p in low.programs:
+            kept = [i for i in p.instrs if isinstance(i, Keep)]
+            need = sum(math.prod(region_shape(k.region)) * DTYPE_BYTES[g.tensor(k.tensor).dtype]
+                       for k in kept)
+            assert live_bytes(g, p)[-1] >= need > 0 or not kept

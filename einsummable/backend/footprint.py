@@ -25,6 +25,7 @@ from ..core.program import (
     Compute,
     Const,
     Free,
+    Keep,
     Pack,
     Place,
     Program,
@@ -129,6 +130,8 @@ class _Walk:
             self.view(ins.out, ins.src, region_shape(ins.region), self.dtype[ins.src])
         elif isinstance(ins, Free):
             self.free(ins.buf)
+        elif isinstance(ins, Keep):  # the rank holds a kept block past the run, Free or not
+            self.pinned.add(self.of[ins.src])
         # Send and Output allocate nothing (an output is a buffer the program keeps)
 
 

@@ -10,7 +10,8 @@ into place is received there directly (Alloc + Recv into a region). Each tuple b
 on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
 (the simulator sends them in order on a low-priority stream), and on devices with a prefetch stream
-their stitching copies right behind them (`Assemble.queue`). Graph outputs are delivered whole to rank 0 the same way. Finally every
+their stitching copies right behind them (`Assemble.queue`). Graph outputs are delivered whole to rank 0 the same way, or where `carry.py` says (kept
+on the ranks for the next call). Finally every
 buffer is freed after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..core.program import (
     writes,
 )
 from ..errors import PlanError
-from ..frontend.ir import Graph, TensorInfo, steady_pairs
+from ..frontend.ir import Graph, TensorInfo
 from ..planning.cost import consumer_needs
 from ..planning.exchange import synthesize
 from ..planning.timing import replays
@@ -65,11 +66,10 @@ from ..planning.prefetch import PREFETCH_OPS, prefetch_depth, weighted_ops
 from ..planning.spec import tuples
 from ..planning.transfers import Exchange, pack_groups
 from ..topology import load_topology
+# (IN_PLACE, STEADY: the deliveries' names, imported from here by the simulator and `show`)
+from .carry import DELIVERIES, IN_PLACE, RANK0, STEADY, Carry, deliver_outputs  # noqa: F401
 from .coalesce import coalesce as pack_messages
 
-# Where lowering leaves the graph outputs (`lower`'s `deliver`).
-RANK0, IN_PLACE, STEADY = "rank0", "in_place", "steady"
-DELIVERIES = (RANK0, IN_PLACE, STEADY)
 
 
 @dataclass(frozen=True)
@@ -347,14 +347,16 @@ def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
 
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
           mode: str = "optimized", prefetch: int = PREFETCH_OPS,
-          coalesce: bool = True, deliver: str = "rank0") -> Lowered:
+          coalesce: bool = True, deliver: str = RANK0, carry: Carry | None = None) -> Lowered:
     """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
     `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive").
     `coalesce`: blocks for one peer in one p2p batch travel as one message (`coalesce.py`).
     `deliver`: where the graph outputs go: "rank0" (whole, to rank 0: what `run` returns),
     "in_place" (where the plan computes them, partial sums folded), or "steady" (each output
     a block input is paired with handed on in that input's layout, the rest in place): the
-    last two are the outputs the optimizer prices, without and with steady state."""
+    last two are the outputs the optimizer prices, without and with steady state.
+    `carry`: outputs kept on the ranks as the blocks of their paired inputs next call
+    (`carry.py`)."""
     if deliver not in DELIVERIES:
         raise PlanError(f"unknown output delivery {deliver!r}",
                         fix=f"use one of: {', '.join(DELIVERIES)}")
@@ -432,24 +434,8 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
                 st.hold(op.output, d, t.out_region, (t.agg_slice,) if multi else (), b)
                 k += 1
         st.layouts[op.output] = (pieces, op.agg)
-    keep: list[set[int]] = [set() for _ in range(world)]
-    fed_back = dict((y, x) for x, y in steady_pairs(graph)) if deliver == STEADY else {}
-    for name in graph.outputs:
-        info = graph.tensor(name)
-        if deliver == RANK0:
-            whole = tuple((0, s) for s in info.shape)
-            got = _deliver(st, info, [(whole, 0)], mode, topology)
-            b = got[(whole, 0)]
-            st.emit(0, Output(name, b))
-            keep[0].add(b)
-            continue
-        # left where the plan computes it (partial sums folded), or handed on in the layout
-        # its block input arrived in: the output the optimizer priced
-        x = fed_back.get(name)
-        pieces = st.layouts[x][0] if x is not None else st.layouts[name][0]
-        needs = tuple(dict.fromkeys((p.region, p.device) for p in pieces if p.slice == 0))
-        for (_, d), b in _deliver(st, info, needs, mode, topology).items():
-            keep[d].add(b)
+    keep = deliver_outputs(st, deliver, carry,
+                           lambda info, needs: _deliver(st, info, needs, mode, topology))
     programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
                      for r in range(world))
     if coalesce:

@@ -134,11 +134,21 @@ class Output:
     src: int
 
 
+@dataclass(frozen=True)
+class Keep:
+    """Buffer `src` is kept by this rank after the run as its block `region` of graph input
+    `tensor`: the block its `Place(tensor, region)` reads next run, instead of the caller's
+    (an output handed on to the next call in its paired input's layout, `backend/carry.py`)."""
+    src: int
+    tensor: str
+    region: Region
+
+
 Instr = (Place | Const | Compute | Slice | Alloc | Assemble | Send | Recv | Pack | Unpack | Reduce
-         | Free | Output)
+         | Free | Output | Keep)
 KINDS: dict[str, type] = {c.__name__.lower(): c for c in (Place, Const, Compute, Slice, Alloc,
                                                           Assemble, Send, Recv, Pack, Unpack,
-                                                          Reduce, Free, Output)}
+                                                          Reduce, Free, Output, Keep)}
 
 
 def reads(ins: Instr) -> tuple[int, ...]:
@@ -153,7 +163,7 @@ def reads(ins: Instr) -> tuple[int, ...]:
         return (ins.src,)
     if isinstance(ins, Assemble):
         return tuple(p[0] for p in ins.parts)
-    if isinstance(ins, Send | Output):
+    if isinstance(ins, Send | Output | Keep):
         return (ins.src,)
     return ()
 
@@ -260,6 +270,8 @@ def format_instr(ins: Instr) -> str:
         return f"%{ins.out} = reduce.{ins.agg}({', '.join(f'%{i}' for i in ins.inputs)})"
     if isinstance(ins, Free):
         return f"free %{ins.buf}"
+    if isinstance(ins, Keep):
+        return f"keep %{ins.src} as {ins.tensor}{_fmt_region(ins.region)}"
     return f"output {ins.tensor} = %{ins.src}"
 
 

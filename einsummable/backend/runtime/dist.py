@@ -62,13 +62,17 @@ def forbid_collectives() -> None:
 def execute(low: Lowered, rank: int, blocks: Mapping[tuple[str, tuple], torch.Tensor],
             device: torch.device | str = "cpu", timeout_s: float = WAIT_TIMEOUT_S,
             fault_after: int | None = None, consts: dict | None = None,
-            timeline: list | None = None) -> dict[str, torch.Tensor]:
+            timeline: list | None = None, kept: dict | None = None) -> dict[str, torch.Tensor]:
     """Run rank `rank`'s program; `blocks[(tensor, region)]` are its Place inputs; `consts`
     caches constant blocks across runs of the same plan. With `timeline` (a list), appends
     (pc, kind, reached_s, start_s, end_s) per instruction, as the simulator's trace: reached
-    when the rank got to it, start once its received inputs were there (perf_counter s)."""
+    when the rank got to it, start once its received inputs were there (perf_counter s).
+    `kept` (a dict) receives the blocks the program keeps for the next run, by (input,
+    region) as `blocks` takes them (`Keep`)."""
     prog = low.programs[rank]
     st = RankState(low, prog, {}, device, consts)
+    if kept is not None:
+        st.kept = kept
     on = torch.device(device)
 
     def place(tensor: str, region) -> torch.Tensor:

@@ -13,32 +13,39 @@ import torch
 from ...core.program import Recv, Send
 from ...errors import RuntimeFault
 from ...frontend.inputs import conform_inputs
-from ...frontend.reference import check_inputs
 from ..lowering import Lowered
 from .rank_state import RankState
+from .resident import check_fed, held_locally
 from .straight import runs_straight, straight_runner
 
 
 def run_local(low: Lowered, inputs: Mapping[str, torch.Tensor], *,
-              consts: dict | None = None,
+              consts: dict | None = None, resident: dict | None = None,
               device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Outputs of every rank's program run in this process, blocks and kernels on `device`
     (inputs are moved there block by block; the outputs stay there). `consts`: a dict kept by
     the caller across runs of the same plan on the same device, so constant blocks are
-    generated once."""
-    check_inputs(low.graph, inputs)
+    generated once. `resident`: the caller's store (rank -> {(input, region): block}) of the
+    blocks the programs keep (`Keep`): read by the next run for the inputs it is not passed,
+    updated after each run (`resident.py`)."""
+    store = {} if resident is None else resident
+    check_fed(low, inputs, held_locally(store))
     inputs = conform_inputs(low.graph, inputs)  # before any rank starts
     dev = torch.device(device)
     cache = {} if consts is None else consts
-    ranks = [RankState(low, p, inputs, dev, consts=cache.setdefault(p.rank, {}))
-             for p in low.programs]
+    ranks = [RankState(low, p, inputs, dev, consts=cache.setdefault(p.rank, {}),
+                       resident=store.get(p.rank)) for p in low.programs]
     pcs = [0] * len(ranks)
     for r, st in enumerate(ranks):  # a rank with no messages never waits: its bound steps
         if runs_straight(st.consts, st.prog):
             straight_runner(st)()
             pcs[r] = len(st.prog.instrs)
     interleave(ranks, pcs)
-    return {name: ranks[0].outputs[name] for name in low.graph.outputs}
+    for r, st in enumerate(ranks):
+        if st.kept:
+            store.setdefault(r, {}).update(st.kept)
+    return {name: ranks[0].outputs[name] for name in low.graph.outputs
+            if name in ranks[0].outputs}
 
 
 def interleave(ranks: list[RankState], pcs: list[int],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import hashlib
+import math
 import os
 import queue
 import threading
@@ -25,9 +26,10 @@ import torch
 
 from ...errors import PlanError, RuntimeFault
 from ...frontend.inputs import conform_inputs
-from ...frontend.reference import check_inputs
+from ...frontend.ir import DTYPE_BYTES
 from ..lowering import Lowered
 from .dist import WAIT_TIMEOUT_S, execute, forbid_collectives, p2p_barrier, rank_blocks
+from .resident import check_fed, gather, kept_inputs
 from .workers import free_port, threads_per_rank, worker_env
 
 # How often the parent checks that every worker is still alive.
@@ -42,8 +44,9 @@ STARTUP_TIMEOUT_S: float = 120.0
 BEAT_S: float = 0.5
 FROZEN_AFTER_S: float = 10.0
 assert FROZEN_AFTER_S < WAIT_TIMEOUT_S
-# What a job sends back: the outputs, the program's seconds, or its timeline.
-OUTPUTS, TIME, TRACE = "outputs", "time", "trace"
+# What a job sends back: the outputs, the program's seconds, its timeline, or (no run) the
+# blocks the rank keeps of the inputs named.
+OUTPUTS, TIME, TRACE, KEPT = "outputs", "time", "trace", "kept"
 
 
 def _beat(rank: int, results, busy: threading.Event) -> None:
@@ -106,14 +109,21 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
             if low_json is not None:
                 plans[key] = Lowered.from_json(low_json)
                 weights[key], consts[key] = {}, {}
+            # the plan's weights and the blocks its last run kept (`Keep`), by (input, region)
             weights[key].update(new_weights)
+            if want == KEPT:
+                results.put((rank, "done", {k: v.cpu() for k, v in weights[key].items()
+                                            if k[0] in acts}))
+                continue
             blocks = {**weights[key], **acts}
             if want != OUTPUTS:  # start together, time only the program (not the transport)
                 p2p_barrier(rank, world)
                 t0 = time.perf_counter()
             timeline: list | None = [] if want == TRACE else None
+            kept: dict = {}
             outs = execute(plans[key], rank, blocks, device, fault_after=fault_after,
-                           consts=consts[key], timeline=timeline)
+                           consts=consts[key], timeline=timeline, kept=kept)
+            weights[key].update(kept)
             if backend == "nccl":
                 torch.cuda.synchronize()
             if want == TIME:
@@ -142,6 +152,10 @@ class Pool:
     _jobs: list = field(default_factory=list)
     _results: Any = None
     _sent: dict = field(default_factory=dict)  # plan key -> {weight: (id, version)}
+    _kept: dict = field(default_factory=dict)  # plan key -> the inputs its programs keep
+    _held: dict = field(default_factory=dict)  # plan key -> the inputs the ranks keep now
+    last_sent: dict = field(default_factory=dict)  # input -> bytes the last run sent the ranks
+    _keys: dict = field(default_factory=dict)  # id(lowered) -> (lowered, plan key)
 
     def start(self) -> "Pool":
         import torch.multiprocessing as mp
@@ -242,25 +256,63 @@ class Pool:
         got = self._submit(low, inputs, None, limit_s, TRACE)
         return [(r, *e) for r in sorted(got) for e in got[r]]
 
+    def _key(self, low: Lowered) -> tuple[str, str | None]:
+        """The plan's key (a hash of its JSON) and, where it was worked out now, the JSON.
+        Kept per Lowered object (held, so its id is not reused): writing a training step's
+        programs as JSON takes milliseconds, a fair share of a small step."""
+        hit = self._keys.get(id(low))
+        if hit is not None and hit[0] is low:
+            return hit[1], None
+        text = low.to_json()
+        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        self._keys[id(low)] = (low, key)
+        return key, text
+
+    def kept(self, low: Lowered, names, limit_s: float = 600.0) -> dict[str, torch.Tensor]:
+        """The inputs `names` whole (on the CPU), gathered from the blocks the ranks keep of
+        them after the plan's last run (`resident.py`); the ranks run nothing."""
+        key, _ = self._key(low)
+        names = set(names)
+        if not names <= self._held.get(key, set()):
+            raise PlanError(f"the ranks keep no {sorted(names - self._held.get(key, set()))} "
+                            "of this plan", fix="run the plan (lowered with a carry) first")
+        for q in self._jobs:
+            q.put((key, None, {}, names, None, KEPT))
+        got = self._collect("done", limit_s)
+        return gather(low, names, {k: v for r in sorted(got) for k, v in got[r].items()})
+
     def _submit(self, low: Lowered, inputs: Mapping[str, torch.Tensor],
                 fault: tuple[int, int] | None, limit_s: float, want: str) -> dict[int, Any]:
         if low.world_size != self.world_size:
             raise PlanError(f"the plan is for {low.world_size} ranks but the pool has "
                             f"{self.world_size}", fix=f"run with world_size={low.world_size}")
-        text = low.to_json()
-        key = hashlib.sha256(text.encode()).hexdigest()[:16]
-        weights = {t.name for t in low.graph.weights}
+        key, text = self._key(low)
         first = key not in self._sent
+        if first:
+            text = text or low.to_json()
+            self._kept[key] = kept_inputs(low)
+        # an input the ranks keep is sent only when passed (its value replaced outside a run)
+        carried, held = self._kept[key], self._held.get(key, frozenset())
+        check_fed(low, inputs, held)
+        weights = {t.name for t in low.graph.weights} - carried
         seen = self._sent.setdefault(key, {})
         stale = {w for w in weights if seen.get(w) != (id(inputs[w]), inputs[w]._version)}
         for w in stale:
             seen[w] = (id(inputs[w]), inputs[w]._version)
-        acts = {t.name for t in low.graph.inputs if t.kind == "input"}
+        stale |= carried & inputs.keys()
+        acts = {t.name for t in low.graph.inputs if t.kind == "input"} - carried
+        self.last_sent = {}
         for r in range(self.world_size):
             fa = fault[1] if fault is not None and fault[0] == r else None
-            self._jobs[r].put((key, text if first else None, rank_blocks(low, r, inputs, stale),
-                               rank_blocks(low, r, inputs, acts), fa, want))
-        return self._collect("done", limit_s)
+            new, act = rank_blocks(low, r, inputs, stale), rank_blocks(low, r, inputs, acts)
+            for name, region in (*new, *act):
+                nbytes = math.prod(b - a for a, b in region) * DTYPE_BYTES[
+                    low.graph.tensor(name).dtype]
+                self.last_sent[name] = self.last_sent.get(name, 0) + nbytes
+            self._jobs[r].put((key, text if first else None, new, act, fa, want))
+        got = self._collect("done", limit_s)
+        self._held[key] = carried  # every rank ran to its end: its Keeps were run
+        return got
 
     def close(self) -> None:
         for q in self._jobs:
@@ -306,7 +358,7 @@ def run_dist(low: Lowered, inputs: Mapping[str, torch.Tensor], *, backend: str =
              world_size: int | None = None, pools: Pools | None = None,
              no_collectives: bool = False, fault: tuple[int, int] | None = None
              ) -> dict[str, torch.Tensor]:
-    check_inputs(low.graph, inputs)
+    check_fed(low, inputs, kept_inputs(low))  # the pool checks what its ranks keep
     inputs = conform_inputs(low.graph, inputs)  # before any rank starts
     n = low.world_size if world_size is None else world_size
     if n != low.world_size:

@@ -17,6 +17,7 @@ from ...core.program import (
     Compute,
     Const,
     Free,
+    Keep,
     Output,
     Pack,
     Place,
@@ -26,6 +27,7 @@ from ...core.program import (
     Slice,
     Unpack,
 )
+from ...errors import RuntimeFault
 from ...frontend.reference import TORCH_DTYPES, materialize, op_runner
 from ...frontend.scalar import combine
 from ..lowering import Lowered
@@ -59,8 +61,13 @@ class RankState:
     """One rank's buffers while its program runs; shared by the local and dist executors."""
 
     def __init__(self, low: Lowered, prog: Program, inputs: Mapping[str, torch.Tensor],
-                 device: torch.device | str = "cpu", consts: dict | None = None) -> None:
+                 device: torch.device | str = "cpu", consts: dict | None = None,
+                 resident: Mapping[tuple, torch.Tensor] | None = None) -> None:
         self.low, self.prog, self.inputs, self.device = low, prog, inputs, device
+        # Blocks a previous run kept, by (input, region): what a Place of an input the caller
+        # did not pass reads. `kept`: what this run's Keep instructions hand on.
+        self.resident: Mapping[tuple, torch.Tensor] = {} if resident is None else resident
+        self.kept: dict[tuple, torch.Tensor] = {}
         # Constant blocks and bound kernels depend on the plan only: a caller that runs a plan
         # again passes the same dict and they are made once (programs never write into a
         # buffer in place).
@@ -177,6 +184,9 @@ class RankState:
     def _output(self, ins: Output) -> None:
         self.outputs[ins.tensor] = self.get(ins.src)
 
+    def _keep(self, ins: Keep) -> None:
+        self.kept[(ins.tensor, tuple(ins.region))] = self.get(ins.src)
+
     def recv_buffer(self, ins: Recv) -> torch.Tensor:
         """Where a receive lands: a new buffer, or its region of an Alloc'd one."""
         if ins.into is None:
@@ -198,6 +208,13 @@ class RankState:
             yield out, into, view, (None if into is None else self.get(into)[_sl(at)])
 
     def place(self, tensor: str, region) -> torch.Tensor:
+        if tensor not in self.inputs:
+            block = self.resident.get((tensor, tuple(region)))
+            if block is None:
+                raise RuntimeFault(f"input {tensor!r} was neither passed nor kept by an "
+                                   f"earlier run (block {list(region)})",
+                                   fix="pass it on the first run of the plan")
+            return block
         dtype = TORCH_DTYPES[self.graph.tensor(tensor).dtype]
         return self.inputs[tensor][_sl(region)].to(device=self.device, dtype=dtype)
 
@@ -205,7 +222,7 @@ class RankState:
 _STEP = {Place: RankState._place, Const: RankState._const, Compute: RankState._compute,
          Slice: RankState._slice, Alloc: RankState._alloc, Assemble: RankState._assemble,
          Pack: RankState._pack, Unpack: RankState._unpack, Reduce: RankState._reduce,
-         Free: RankState._free, Output: RankState._output}
+         Free: RankState._free, Output: RankState._output, Keep: RankState._keep}
 
 
 def step_handler(ins) -> Callable[[RankState, object], None]:

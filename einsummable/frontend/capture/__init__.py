@@ -182,7 +182,9 @@ def bind_step(step: StepGraph, module: torch.nn.Module, args: Sequence[Any],
         if t.name not in state:
             raise EinsummableError(f"weight {t.name!r} is not a parameter or buffer of the module",
                                    fix="bind with the module that was traced")
-        out[t.name] = state[t.name].detach()
+        value = state[t.name]
+        # a buffer as it is (a pool sends a weight again when it is another object)
+        out[t.name] = value.detach() if value.requires_grad else value
     return {**out, **given}
 
 
@@ -424,5 +426,7 @@ def bind(graph: Graph, module: torch.nn.Module, args: Sequence[Any],
         if t.name not in state:
             raise EinsummableError(f"weight {t.name!r} is not a parameter or buffer of the module",
                                    fix="bind with the module that was traced")
-        out[t.name] = state[t.name].detach()
+        value = state[t.name]
+        # a buffer as it is (a pool sends a weight again when it is another object)
+        out[t.name] = value.detach() if value.requires_grad else value
     return out
