@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from einsummable.errors import EinsummableError
+from einsummable.optimizer.peak import peak_bytes
 from einsummable.topology import load_topology
 
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
@@ -78,12 +79,20 @@ def _einsummable_sim_row(cfg, w: Workload, graph, topo, floor_s: float,
     plans[w.name]["summary"] = plan_summary.describe(opt.plan)
     # a block in a stack (steady state), as the FSDP baseline with prefetch is costed
     block_s = es_sys.block_seconds(opt.plan)
+    # the fullest device by the memory model (every layer's weights where `layers` says so)
+    peak = max(p.bytes for p in peak_bytes(opt.plan))
+    cap = min(d.mem_bytes for d in opt.plan.topology.devices)
+    plans[w.name]["peak_bytes"] = peak
     return Row(cfg["name"], w.name, "einsummable", topo.world_size, w.tokens, block_s,
                model_s=getattr(opt.plan, "objective_s", None), floor_s=floor_s,
                note=f"{es_sys.chosen_label(opt.plan)}, a block in a stack; objective "
                     f"{opt.plan.objective_s * 1e3:.3f} ms, gap {opt.plan.gap or 0:.1%}; "
-                    f"plan {opt.solve_wall_s:.1f} s",
-               extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None)})
+                    f"plan {opt.solve_wall_s:.1f} s; peak {peak / 1e9:.1f} of "
+                    f"{cap / 1e9:.0f} GB per device"
+                    + (f" ({opt.plan.options.layers} layers' weights)"
+                       if opt.plan.options.layers > 1 else ""),
+               extra={"solve_s": opt.solve_wall_s, "bound_s": getattr(opt.plan, "bound_s", None),
+                      "peak_bytes": peak})
 
 
 def simulated_blocks(cfg: dict, stream=None) -> RunResult:

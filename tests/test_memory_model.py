@@ -20,11 +20,13 @@ from einsummable.backend.lowering import lower
 from einsummable.backend.runtime.measure import measured_live_bytes
 from einsummable.core.geometry import region_shape
 from einsummable.core.program import Keep
-from einsummable.errors import InfeasibleError
+from einsummable.errors import InfeasibleError, PlanError
 from einsummable.frontend.ir import DTYPE_BYTES
 from einsummable.optimizer.api import named_plan, optimize
-from einsummable.optimizer.model import build_model
+from einsummable.optimizer.model import build_model, fixed_nodes
 from einsummable.optimizer.peak import assignment_peaks, peak_bytes
+from einsummable.planning.cost import resident_bytes
+from einsummable.planning.placement import output_layout
 from einsummable.planning.plan import Options
 from einsummable.topology import load_topology, synthetic
 
@@ -215,3 +217,39 @@ def test_blocks_kept_for_the_next_call_stay_counted_to_the_end():
             need = sum(math.prod(region_shape(k.region)) * DTYPE_BYTES[g.tensor(k.tensor).dtype]
                        for k in kept)
             assert live_bytes(g, p)[-1] >= need > 0 or not kept
+
+
+def test_a_block_of_many_layers_holds_every_layers_weights():
+    """Options.layers: the graph is one of L identical blocks. Weights are held at every step,
+    so each device's peak is the one-block peak plus (L - 1) times the weight bytes it holds,
+    exactly; and a cap the L layers' weights bind is kept by the plan returned."""
+    layers = 6
+    one = named_plan(MLP, synthetic(4), "megatron-tp", options=Options("free"))
+    many = named_plan(MLP, synthetic(4), "megatron-tp", options=Options("free", layers=layers))
+    weight = [0] * 4
+    for oc in fixed_nodes(MLP, one.topology, one.options, one.chosen).values():
+        info = MLP.tensor(oc.op.output)
+        if info.kind == "weight":
+            held = resident_bytes(output_layout(oc.op, oc.cands[0]), info.dtype, 4)
+            weight = [a + b for a, b in zip(weight, held)]
+    assert sum(weight) > 0
+    for a, b in zip(peak_bytes(one), peak_bytes(many)):
+        assert b.bytes == a.bytes + (layers - 1) * weight[a.device]
+    free = max(p.bytes for p in peak_bytes(optimize(MLP, synthetic(4), weights="free",
+                                                    layers=layers, cache=False)))
+    cap = free * 0.7
+    plan = optimize(MLP, synthetic(4, mem_bytes=cap), weights="free", layers=layers,
+                    cache=False)
+    assert plan.options.layers == layers
+    assert max(p.bytes for p in peak_bytes(plan)) <= cap * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "80"])
+def test_a_bad_layer_count_is_named(bad):
+    with pytest.raises(PlanError, match="layers must be a whole number"):
+        Options(layers=bad)
+
+
+def test_the_layer_count_travels_with_the_plans_options():
+    assert "layers" not in Options().to_dict()
+    assert Options.from_dict(Options(layers=80).to_dict()).layers == 80

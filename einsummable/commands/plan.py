@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on a machine of several nodes: search every level (free, beside the "
                         "node-parallel optimum), or only plans in which each node runs its "
                         "share of the batch (parallel; a search the size of one node's)")
+    p.add_argument("--model-layers", type=int, default=None,
+                   help="the graph is one block of a model of this many identical layers: "
+                        "memory holds every layer's weights in the plan's layout")
     p.add_argument("--steady-state", action="store_true",
                    help="leave the output in the layout the input arrived in (stacked blocks)")
     p.add_argument("--time-limit", type=float, default=None,
@@ -128,11 +131,12 @@ def _make(args: argparse.Namespace):
     elif args.mip_only:
         plan = optimize(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
                         steady_state=args.steady_state, cache=not args.no_cache,
-                        nodes=args.nodes)
+                        nodes=args.nodes, layers=args.model_layers)
     else:
         plan = choose_plan(graph, topo, time_limit_s=args.time_limit, weights=args.weights,
                            steady_state=args.steady_state, cache=not args.no_cache,
-                           jobs=args.jobs, pool=args.pool, nodes=args.nodes)
+                           jobs=args.jobs, pool=args.pool, nodes=args.nodes,
+                           layers=args.model_layers)
     return plan, graph, topo
 
 

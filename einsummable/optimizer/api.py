@@ -38,7 +38,7 @@ MB = 1e6
 def resolve_options(options: Options | None = None, *, weights: str | None = None,
                     steady_state: bool | None = None, cost_model: CostModel | None = None,
                     exchange_mode: str | None = None, overlap: bool | None = None,
-                    nodes: str | None = None) -> Options:
+                    nodes: str | None = None, layers: int | None = None) -> Options:
     """`options` (default `Options()`) with each keyword that is given in place of its field.
     The keywords are shortcuts for the fields, so one that contradicts `options`, or
     `exchange_mode` that contradicts `cost_model`, is an error rather than a silent choice."""
@@ -51,7 +51,7 @@ def resolve_options(options: Options | None = None, *, weights: str | None = Non
     if exchange_mode is not None:
         cost = dataclasses.replace(cost, exchange_mode=exchange_mode)
     given = {"weights": weights, "steady_state": steady_state, "cost": cost, "overlap": overlap,
-             "nodes": nodes}
+             "nodes": nodes, "layers": layers}
     given = {k: v for k, v in given.items() if v is not None}
     if options is not None:
         for k, v in given.items():
@@ -164,7 +164,7 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
              cache: bool | str | os.PathLike = True, cost_model: CostModel | None = None,
              exchange_mode: str | None = None, warm_start: bool = True,
              pricer: EdgePricer | None = None, overlap: bool | None = None,
-             nodes: str | None = None) -> Plan:
+             nodes: str | None = None, layers: int | None = None) -> Plan:
     """The MIP-optimal Plan for `graph` on `topology` (`model.py` states the MIP).
 
     options: what defines the model (`Options`: weights, steady_state, cost model, overlap);
@@ -179,13 +179,15 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     pricer: an EdgePricer for this topology and cost model to reuse (its memo is shared with
     later builds, e.g. of named plans on the same graph); None makes a fresh one.
     overlap: weight exchanges stream behind compute (`objective.py`); False: plain sum.
+    layers: the graph is one of this many identical blocks, each holding its weights in the
+    plan's layout (`Options.layers`).
     """
     t0 = time.perf_counter()
     check_time_limit(time_limit_s)
     deadline = None if time_limit_s is None else t0 + time_limit_s
     options = resolve_options(options, weights=weights, steady_state=steady_state,
                               cost_model=cost_model, exchange_mode=exchange_mode,
-                              overlap=overlap, nodes=nodes)
+                              overlap=overlap, nodes=nodes, layers=layers)
     topology = search_topology(graph, load_topology(topology), options)
     if pricer is not None and pricer.topology is not topology:
         pricer = None  # priced on another hierarchy: build_model makes one for this

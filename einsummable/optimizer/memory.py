@@ -108,11 +108,13 @@ def _shared_needs(needs: Sequence[tuple[Region, int]]) -> list[tuple[Region, int
 
 
 def _node_bytes(graph: Graph, oc: OpCandidates, layouts: Sequence, n: int, is_op: bool,
-                weights: str, packs: bool, devices: Sequence):
-    """Per candidate: bytes held per device, activation bytes gathered per device at its own
-    step, and weight bytes gathered per device (held from their fetch step)."""
+                weights: str, packs: bool, devices: Sequence, layers: int):
+    """Per candidate: bytes held per device (a weight's for every one of `layers` blocks),
+    activation bytes gathered per device at its own step, and weight bytes gathered per
+    device (held from their fetch step)."""
     info = graph.tensor(oc.op.output)
-    held = [resident_bytes(l, info.dtype, n) for l in layouts]
+    copies = layers if info.kind == "weight" else 1
+    held = [[b * copies for b in resident_bytes(l, info.dtype, n)] for l in layouts]
     gathered, fetched, packed = [], [], []
     for c in oc.cands:
         acts, fetch, pack = [0] * n, [0] * n, [0] * n
@@ -145,10 +147,10 @@ def _node_bytes(graph: Graph, oc: OpCandidates, layouts: Sequence, n: int, is_op
 
 
 def footprints(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
-               layouts: Mapping[str, list], weights: str, shared: BuildMemo | None = None
-               ) -> dict[str, Footprint]:
+               layouts: Mapping[str, list], weights: str, shared: BuildMemo | None = None,
+               layers: int = 1) -> dict[str, Footprint]:
     """Every node's footprint (the one source of the MIP's rows and of a plan's peak), under
-    the weights option `weights` ("sharded" or "free")."""
+    the weights option `weights` ("sharded" or "free"), the graph one of `layers` blocks."""
     n = topology.world_size
     step_of = {op.name: i for i, op in enumerate(graph.ops)}
     live = _liveness(graph, nodes)
@@ -159,16 +161,16 @@ def footprints(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
     def node_bytes(k: str, oc: OpCandidates):
         if shared is None:
             return _node_bytes(graph, oc, layouts[k], n, k in step_of, weights, packs,
-                               devices)
+                               devices, layers)
         sop, cands = shared.struct(oc)
         sig = (tuple((graph.tensor(x).dtype, graph.tensor(x).kind == "weight")
                      for x in oc.op.inputs),
                tuple(oc.op.inputs.index(x) for x in oc.op.inputs),  # which inputs coincide
                graph.tensor(oc.op.output).dtype, k in step_of,
                oc.op.output in graph.outputs)
-        return shared.get(("bytes", sop, cands, sig, weights, packs),
+        return shared.get(("bytes", sop, cands, sig, weights, packs, layers),
                           lambda: _node_bytes(graph, oc, layouts[k], n, k in step_of,
-                                              weights, packs, devices))
+                                              weights, packs, devices, layers))
     return {k: Footprint(*node_bytes(k, oc), *live[k], fetch.get(k, live[k][0]),
                          steps_of(graph) - 1)
             for k, oc in nodes.items()}
@@ -201,13 +203,14 @@ def load(fp: Mapping[str, Footprint], choice: Mapping[str, int], n: int, steps: 
 
 
 def memory_rows(graph: Graph, topology, nodes: Mapping[str, OpCandidates],
-                layouts: Mapping[str, list], weights: str, shared: BuildMemo | None = None):
+                layouts: Mapping[str, list], weights: str, shared: BuildMemo | None = None,
+                layers: int = 1):
     """Rows (device, step) of the liveness model that some choice could overfill, as
     (node -> row -> per candidate bytes, capacities, the rows' (device, step)); all None when
     no choice can break any row (then the constraints are redundant and left out)."""
     n = topology.world_size
     steps = steps_of(graph)
-    fp = footprints(graph, topology, nodes, layouts, weights, shared)
+    fp = footprints(graph, topology, nodes, layouts, weights, shared, layers)
     worst = [[0.0] * (steps + 1) for _ in range(n)]  # difference arrays per device
     for f in fp.values():  # each term at its largest over the candidates: an upper bound
         for terms, lo, hi in f.terms():

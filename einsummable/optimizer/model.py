@@ -201,7 +201,8 @@ def build_model(graph: Graph, topology, options: Options = Options(),
         info = graph.tensor(y)
         finish[src] = tuple(pricer.price(info, l, finished_needs(l), nodes[src].op.agg)
                             for l in layouts[src])
-    memory, caps, mem_rows = memory_rows(graph, topology, nodes, layouts, options.weights, sh)
+    memory, caps, mem_rows = memory_rows(graph, topology, nodes, layouts, options.weights, sh,
+                                         options.layers)
     mu = memory_bound_share(graph, topology, options.cost)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   tie_groups(graph, nodes), memory, caps, r, pricer,

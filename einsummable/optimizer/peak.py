@@ -21,6 +21,12 @@ TOP_TENSORS = 4
 MB = 1e6
 
 
+def _mb(nbytes: float) -> str:
+    """Megabytes to three figures, whole ones past 100 (no exponents: 71410 MB, 0.852 MB)."""
+    x = nbytes / MB
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 @dataclass(frozen=True)
 class DevicePeak:
     """Device `device` holds `bytes` at step `step` (graph op `op` running), the most it holds
@@ -33,18 +39,18 @@ class DevicePeak:
     largest: tuple[tuple[str, int], ...]
 
     def describe(self) -> str:
-        parts = ", ".join(f"{what} {b / MB:.3g} MB" for what, b in self.largest)
+        parts = ", ".join(f"{what} {_mb(b)} MB" for what, b in self.largest)
         at = f"at op {self.op!r} (step {self.step})" if self.op else f"at step {self.step}"
-        return (f"device {self.device} needs {self.bytes / MB:.3g} MB {at}; largest alive: "
+        return (f"device {self.device} needs {_mb(self.bytes)} MB {at}; largest alive: "
                 f"{parts}")
 
 
-def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str
-                ) -> tuple[DevicePeak, ...]:
+def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str,
+                layers: int = 1) -> tuple[DevicePeak, ...]:
     """Every device's peak where each node has exactly one candidate (the chosen one), under
-    the weights option `weights`."""
+    the weights option `weights`, the graph one of `layers` blocks."""
     layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
-    fp = footprints(graph, topology, nodes, layouts, weights)
+    fp = footprints(graph, topology, nodes, layouts, weights, layers=layers)
     n, steps = topology.world_size, steps_of(graph)
     rows = load(fp, {k: 0 for k in nodes}, n, steps)
     out = []
@@ -68,7 +74,7 @@ def peak_bytes(plan: Plan) -> tuple[DevicePeak, ...]:
     """A plan's peak per device by the liveness model the optimizer bounds memory with."""
     return fixed_peaks(plan.graph, plan.topology,
                        fixed_nodes(plan.graph, plan.topology, plan.options, plan.chosen),
-                       plan.options.weights)
+                       plan.options.weights, plan.options.layers)
 
 
 def assignment_peaks(model: Model, assignment: Mapping[str, int]) -> tuple[DevicePeak, ...]:
@@ -76,4 +82,5 @@ def assignment_peaks(model: Model, assignment: Mapping[str, int]) -> tuple[Devic
     nodes = {k: OpCandidates(k, oc.op, (oc.cands[assignment[k]],),
                              (oc.level_parts[assignment[k]],))
              for k, oc in model.nodes.items()}
-    return fixed_peaks(model.graph, model.topology, nodes, model.options.weights)
+    return fixed_peaks(model.graph, model.topology, nodes, model.options.weights,
+                       model.options.layers)

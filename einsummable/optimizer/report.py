@@ -164,7 +164,8 @@ def explain(plan: Plan, strategies: bool = True) -> str:
             totals[name] = sp.objective_s
     stopped = isinstance(plan.origin, Solved) and plan.origin.status == "time_limit"
     lines = [f"plan for {len(graph.ops)} ops on {topology.name} ({topology.world_size} devices), "
-             f"weights={options.weights}, steady_state={options.steady_state}",
+             f"weights={options.weights}, steady_state={options.steady_state}"
+             + (f", one block of {options.layers} layers" if options.layers > 1 else ""),
              f"objective {plan.objective_s * MS:.4f} ms"
              + (f", bound {plan.bound_s * MS:.4f} ms, gap {plan.gap:.2e}"
                 if plan.bound_s is not None and plan.gap is not None else "")

@@ -59,12 +59,17 @@ class Options:
     inside a node; where the batch does not divide over the nodes, groups of consecutive
     nodes do, the plan's topology naming the groups as its slowest level:
     `planning/node_parallel.py`).
+    layers: how many copies of this graph run one after another with their own weights (the
+    graph is one block of a model of that many identical layers, each planned alike): the
+    memory rows hold every layer's weights in the plan's layout, while activations and
+    gathered weights are one layer's at a time. Time is one block's.
     """
     weights: str = "sharded"
     steady_state: bool = False
     cost: CostModel = field(default_factory=CostModel)
     overlap: bool = True
     nodes: str = "free"
+    layers: int = 1
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_MODES:
@@ -73,19 +78,25 @@ class Options:
         if self.nodes not in NODE_MODES:
             raise PlanError(f"unknown nodes option {self.nodes!r}",
                             fix=f"use one of: {', '.join(NODE_MODES)}")
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) \
+                or self.layers < 1:
+            raise PlanError(f"layers must be a whole number of at least 1, got {self.layers!r}",
+                            fix="give how many identical blocks the model stacks, e.g. 80")
 
     def to_dict(self) -> dict:
         d = {"weights": self.weights, "steady_state": self.steady_state,
              "cost": self.cost.to_dict(), "overlap": self.overlap}
         if self.nodes != "free":  # absent when free: plans and cache keys from before hold
             d["nodes"] = self.nodes
+        if self.layers != 1:  # likewise absent for one block
+            d["layers"] = self.layers
         return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Options":
         return Options(str(d.get("weights", "sharded")), _flag(d, "steady_state", False),
                        CostModel.from_dict(d.get("cost", {})), _flag(d, "overlap", True),
-                       str(d.get("nodes", "free")))
+                       str(d.get("nodes", "free")), d.get("layers", 1))
 
 
 @dataclass(frozen=True)
