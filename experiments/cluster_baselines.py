@@ -27,6 +27,11 @@ Megatron TP baseline of `simulated.py` on a batch of b sequences on that node: i
   parameter of W bytes all-gathered inside the node, prefetched; fewer sequences than a node's
   devices make its attention context-parallel inside the node); no cross-node traffic in a
   forward pass.
+
+Where B does not divide over the M nodes, the three schemes above run on M' nodes, the most
+that B divides over (M' <= M, B / M' sequences each), and the other M - M' nodes idle: a
+deployment's data-parallel degree divides its batch (B = 16 on 32 nodes: 16 nodes of one
+sequence). tp-fsdp then shards over the rail's M' active devices.
 - **pipeline-gpipe**, **pipeline-1f1b**: the model's K layers (`model_layers` in the config)
   in p = M stages of K / p layers, one node each with Megatron TP inside; the batch cut into m
   micro-batches of b = B / m sequences. A stage's work on one micro-batch is
@@ -112,10 +117,14 @@ def _graph(w: Workload, batch: int):
     return es_sys.graph_for(dataclasses.replace(w, batch=batch, name=f"{w.name}-b{batch}"))
 
 
-def _node_share(w: Workload, c: Cluster) -> int:
-    if w.batch % c.nodes:
-        raise Unavailable(f"batch {w.batch} does not split over {c.nodes} nodes")
-    return w.batch // c.nodes
+def _node_share(w: Workload, c: Cluster) -> tuple[int, int, str]:
+    """(sequences per active node, active nodes M', how the note says it): M' the most nodes
+    up to M that the batch divides over (module docstring)."""
+    active = max(m for m in range(1, c.nodes + 1) if w.batch % m == 0)
+    left = c.nodes - active
+    idle = "" if not left else (f" ({left} node{'s' if left > 1 else ''} idle: batch "
+                                f"{w.batch} does not split over {c.nodes})")
+    return w.batch // active, active, f"{active} nodes of {w.batch // active} sequences{idle}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -137,30 +146,30 @@ def simulate_cluster(system: str, w: Workload, topology: Topology,
         if layers is None:
             raise Unavailable("a pipeline needs the model's layer count (model_layers)")
         return pipeline(system, w, c, layers)
-    b = _node_share(w, c)
+    b, active, share = _node_share(w, c)
     if system == "hsdp":
         bt = simulate_baseline("data-parallel", _graph(w, b), c.node, "sharded", steady_state)
         return dataclasses.replace(
-            bt, note=f"HSDP: {c.nodes} nodes of {b} sequences each, no cross-node traffic; "
-                     f"per node the FSDP baseline: {bt.note}")
+            bt, note=f"HSDP: {share}, no cross-node traffic; per node the FSDP baseline: "
+                     f"{bt.note}")
     tp = node_tp(w, topology, b)
     if system == "tp-dp":
         return dataclasses.replace(
-            tp, note=f"TP x DP: {c.nodes} nodes of {b} sequences, weights stored once per "
-                     f"node; per node {tp.note}")
-    return tp_fsdp(w, c, tp, b, steady_state)
+            tp, note=f"TP x DP: {share}, weights stored once per node; per node {tp.note}")
+    return tp_fsdp(w, c, tp, b, active, share, steady_state)
 
 
-def tp_fsdp(w: Workload, c: Cluster, tp: BaselineTime, batch: int,
+def tp_fsdp(w: Workload, c: Cluster, tp: BaselineTime, batch: int, active: int, share: str,
             steady_state: bool) -> BaselineTime:
-    """TP inside a node x FSDP across nodes (module docstring)."""
+    """TP inside a node x FSDP across the `active` nodes (module docstring)."""
     graph = _graph(w, batch)
     weights = sum(t.nbytes for t in graph.weights)
     shard = weights / c.per_node
-    rail = fabric(c.topology, c.rail())
+    group = c.rail()[:active]
+    rail = fabric(c.topology, group)
     gather = Collective("all_gather", "TP shard of the flat parameter", int(shard),
-                        weight=True, group=c.rail())
-    moved = 2 * (c.nodes - 1) / c.nodes * shard
+                        weight=True, group=group)
+    moved = 2 * (active - 1) / active * shard
     mu = memory_bound_share(graph, c.node)
 
     def total(rates: Rates, compute_plus: float) -> tuple[float, float]:
@@ -173,8 +182,8 @@ def tp_fsdp(w: Workload, c: Cluster, tp: BaselineTime, batch: int,
     time_s, g = total(ACHIEVED, tp.comm_s)
     peak_comm = (tp.at_peak_s or tp.time_s) - tp.compute_s
     at_peak, _ = total(PEAK, peak_comm)
-    note = (f"TP x FSDP: {c.nodes} nodes of {batch} sequences; each device's TP shard "
-            f"({shard / 1e6:.1f} MB) all-gathered over its rail of {c.nodes} NICs in "
+    note = (f"TP x FSDP: {share}; each device's TP shard "
+            f"({shard / 1e6:.1f} MB) all-gathered over its rail of {active} NICs in "
             f"{g * 1e3:.3f} ms, prefetched behind the previous block; per node {tp.note}")
     return BaselineTime(time_s, tp.compute_s, tp.comm_s, tp.collectives + (gather,), note,
                         g, at_peak)

@@ -108,3 +108,17 @@ def test_the_stage_boundary_crosses_each_rail_then_gathers(h100_4x2):
     want = (nbytes / 2 / (ACHIEVED.network * link.bw) + link.latency_s
             + collective_time("all_gather", nbytes, fabric(c.node)))
     assert cb.boundary_time(c, nbytes, ACHIEVED) == pytest.approx(want)
+
+
+def test_a_batch_that_does_not_split_over_the_nodes_leaves_some_idle(h100_4x2):
+    """Batch 6 on 4 nodes: the most nodes it divides over are 3, of 2 sequences each; the
+    fourth idles. tp-dp is the one-node TP baseline on 2 sequences, tp-fsdp gathers over the
+    3 active devices of the rail, and the notes say a node idles."""
+    six = Workload("llama-tiny-6", "llama-tiny", 6, 64, None, "float16")
+    tp_dp = cb.simulate_cluster("tp-dp", six, h100_4x2)
+    assert tp_dp.time_s == cb.node_tp(six, h100_4x2, 2).time_s
+    assert "3 nodes of 2 sequences (1 node idle" in tp_dp.note
+    fsdp = cb.simulate_cluster("tp-fsdp", six, h100_4x2)
+    gather = [x for x in fsdp.collectives if x.weight]
+    assert gather[0].group == cb.cluster(h100_4x2).rail()[:3]
+    assert "1 node idle" in cb.simulate_cluster("hsdp", six, h100_4x2).note
