@@ -25,6 +25,7 @@ from einsummable.frontend.ir import DTYPE_BYTES
 from einsummable.optimizer.api import named_plan, optimize
 from einsummable.optimizer.model import build_model, fixed_nodes
 from einsummable.optimizer.peak import assignment_peaks, peak_bytes
+from einsummable.optimizer.report import explain
 from einsummable.planning.cost import resident_bytes
 from einsummable.planning.placement import output_layout
 from einsummable.planning.plan import Options
@@ -241,7 +242,11 @@ def test_a_block_of_many_layers_holds_every_layers_weights():
     plan = optimize(MLP, synthetic(4, mem_bytes=cap), weights="free", layers=layers,
                     cache=False)
     assert plan.options.layers == layers
-    assert max(p.bytes for p in peak_bytes(plan)) <= cap * (1 + 1e-6)
+    top = max(p.bytes for p in peak_bytes(plan))
+    assert top <= cap * (1 + 1e-6)
+    shown = re.search(r"memory: at most ([\d.]+) MB on a device .*; 6 layers' weights",
+                      explain(plan, strategies=False))
+    assert shown and float(shown.group(1)) == pytest.approx(top / 1e6, rel=1e-2)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "80"])

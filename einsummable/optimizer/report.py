@@ -15,9 +15,11 @@ from .api import named_plan
 from .model import Model, plan_model
 from .named import STRATEGIES, STRATEGY_WEIGHTS
 from .objective import split
+from .peak import assignment_peaks
 
 MS = 1e3  # seconds -> milliseconds in the report
 MB = 1e-6  # bytes -> megabytes
+GB = 1e9  # bytes per gigabyte
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,10 @@ def _judged_lines(plan: Plan) -> list[str]:
     return out
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GB:.3g} GB" if nbytes >= GB else f"{nbytes * MB:.3g} MB"
+
+
 def explain(plan: Plan, strategies: bool = True) -> str:
     """Text report: the objective and its parts, then per node the split per level, compute
     and exchange milliseconds, megabytes moved in, and (with `strategies`) the node's
@@ -190,6 +196,11 @@ def explain(plan: Plan, strategies: bool = True) -> str:
             lines.append(f"activation exchanges {parts.activations_s * MS:.4f} ms + max(compute "
                          f"{parts.compute_s * MS:.4f} ms, weight exchanges "
                          f"{parts.weights_s * MS:.4f} ms streamed behind it)")
+    peak = max(assignment_peaks(model, mine), key=lambda p: (p.bytes, -p.device))
+    cap = topology.devices[peak.device].mem_bytes
+    lines.append(f"memory: at most {_size(peak.bytes)} on a device (device {peak.device}"
+                 + (f", at op {peak.op!r}" if peak.op else "") + f"), of its {_size(cap)}"
+                 + (f"; {options.layers} layers' weights" if options.layers > 1 else ""))
     if totals:
         lines.append("named strategies: " + ", ".join(
             f"{n} {t * MS:.4f} ms" + (" (weights replicated)" if n in STRATEGY_WEIGHTS else "")
