@@ -144,7 +144,7 @@ def test_fsdp_llama_tiny_gathers_its_weights_in_one_message_each_way():
     from einsummable.topology import load_topology
     g, ins, _ = llama_tiny(batch=4, seq=16)
     topo = load_topology("cpu2")
-    plan = named_plan(g, topo, "fsdp")
+    plan = named_plan(g, topo, "fsdp", weights="sharded")
     low = lower(g, plan.choice, topo)
     outputs_to_rank0 = 1  # rank 1 delivers its half of the block's output to rank 0
     assert [sum(isinstance(i, Send) for i in p.instrs) for p in low.programs] \

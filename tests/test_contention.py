@@ -74,7 +74,7 @@ def test_objective_charges_the_weight_stream_its_share_of_compute(a100):
     assert 0 < mu < 1
     kappa = contention_share(hot, mu)
     assert kappa == pytest.approx((1 - mu) * SLOWDOWN + mu * 600e9 / 1555e9)
-    plan = named_plan(g, a100, "fsdp", steady_state=True)
+    plan = named_plan(g, a100, "fsdp", weights="sharded", steady_state=True)
     opts = Options("sharded", True)
     parts = {}
     for name, topo in (("plain", a100), ("hot", hot)):
@@ -92,8 +92,8 @@ def test_simulator_and_objective_agree_on_a_contended_weight_stream(a100):
     # charges κ over the whole wire time, the simulator over the kernels that start under
     # running flows (6.1% apart since the readers' own copies overlap the stream).
     g = mlp(65536)
-    plain = named_plan(g, a100, "fsdp", steady_state=True)
-    hot = named_plan(g, contended(a100), "fsdp", steady_state=True)
+    plain = named_plan(g, a100, "fsdp", weights="sharded", steady_state=True)
+    hot = named_plan(g, contended(a100), "fsdp", weights="sharded", steady_state=True)
     extra_obj = hot.objective_s - plain.objective_s
     extra_sim = block_time(hot) - block_time(plain)
     assert extra_obj > 0.1e-3

@@ -197,12 +197,13 @@ def test_the_least_capacity_reported_is_one_a_plan_meets_on_the_7b_block():
     def capped(cap):
         return dataclasses.replace(base, name=f"a100x8-{cap:.0f}", devices=tuple(
             dataclasses.replace(d, mem_bytes=cap) for d in base.devices))
-    default = max(p.bytes for p in peak_bytes(optimize(g, base, cache=False)))
+    default = max(p.bytes for p in peak_bytes(optimize(g, base, weights="sharded",
+                                                       cache=False)))
     with pytest.raises(InfeasibleError) as e:
-        optimize(g, capped(default / 2), cache=False)
+        optimize(g, capped(default / 2), weights="sharded", cache=False)
     need = e.value.min_capacity
     assert default / 2 < need <= default
-    plan = optimize(g, capped(need * (1 + 1e-6)), cache=False)
+    plan = optimize(g, capped(need * (1 + 1e-6)), weights="sharded", cache=False)
     assert max(p.bytes for p in peak_bytes(plan)) <= need * (1 + 1e-6)
 
 

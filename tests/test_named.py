@@ -32,12 +32,12 @@ def test_every_strategy_is_an_exact_plan_and_not_better_than_the_optimum(block):
     free = solve_model(free_model)
     for name in STRATEGIES:
         m = free_model if STRATEGY_WEIGHTS.get(name) == "free" else model
-        plan = named_plan(g, topo, name, steady_state=True, model=m)
+        w = m.options.weights
+        plan = named_plan(g, topo, name, weights=w, steady_state=True, model=m)
         assert plan.origin.strategy == name
         assert plan.origin.inexact_ops == (), name
         ref = free if STRATEGY_WEIGHTS.get(name) == "free" else best
         assert ref.objective <= plan.objective_s * (1 + 1e-6), name
-        w = STRATEGY_WEIGHTS.get(name, "sharded")
         assert plan_cost(g, topo, plan.chosen, weights=w, steady_state=True) == plan.objective_s
 
 

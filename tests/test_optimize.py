@@ -168,7 +168,7 @@ def test_few_tokens_rediscover_megatron_column_then_row(tmp_path):
 
 
 def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
-    plan = optimize(mlp(65536), "a100x8", cache=tmp_path)
+    plan = optimize(mlp(65536), "a100x8", weights="sharded", cache=tmp_path)
     assert split_modes(plan, "up") == {"t"} and split_modes(plan, "down") == {"t"}
     # weights stay stored once (sharded) and are gathered by the ops: FSDP-like
     for w in ("w1", "w2"):
@@ -456,8 +456,8 @@ def test_a_plan_over_a_devices_memory_is_never_returned():
     model = build_model(g, topo, Options("sharded", True))
     fsdp, _ = named_assignment(model, "fsdp")
     assert not fits(model.memory, model.capacities, fsdp)  # the case is the one it claims
-    for plan in (optimize(g, topo, steady_state=True, cache=False),
-                 choose_plan(g, topo, steady_state=True, cache=False)):
+    for plan in (optimize(g, topo, weights="sharded", steady_state=True, cache=False),
+                 choose_plan(g, topo, weights="sharded", steady_state=True, cache=False)):
         assert plan_model(plan).memory is None  # a fixed model keeps only overfilled rows
         idx = {k: next(i for i, c in enumerate(model.nodes[k].cands) if c == plan.chosen[k])
                for k in model.nodes}
@@ -470,9 +470,10 @@ def test_the_least_memory_an_infeasible_model_reports_is_one_a_plan_meets():
     from einsummable.errors import InfeasibleError
     g = mlp(2048, d=1024, f=4096)
     with pytest.raises(InfeasibleError, match="no plan fits the devices' memory") as e:
-        optimize(g, synthetic(4, mem_bytes=16e6), steady_state=True, cache=False)
+        optimize(g, synthetic(4, mem_bytes=16e6), weights="sharded", steady_state=True,
+                 cache=False)
     need = e.value.min_capacity
     assert 16e6 < need < 20e6
-    plan = optimize(g, synthetic(4, mem_bytes=need * (1 + 1e-6)), steady_state=True,
-                    cache=False)
+    plan = optimize(g, synthetic(4, mem_bytes=need * (1 + 1e-6)), weights="sharded",
+                    steady_state=True, cache=False)
     assert plan.objective_s > 0

@@ -76,7 +76,7 @@ def test_weights_hidden_under_compute_cost_only_their_contention(tmp_path):
     # (7.5 ms), so the objective is the plain sum of the same plan less the weights' time,
     # but for the share κ of the compute they take while they run (`kernel_time`).
     g = mlp(65536)
-    plan = optimize(g, "a100x8", steady_state=True, cache=tmp_path)
+    plan = optimize(g, "a100x8", weights="sharded", steady_state=True, cache=tmp_path)
     weights_s, kernels_s, copies_s, tail_s = _weights_and_compute(g, plan, True)
     assert 0 < weights_s < kernels_s + copies_s
     mu = memory_bound_share(g, plan.topology)
@@ -85,7 +85,8 @@ def test_weights_hidden_under_compute_cost_only_their_contention(tmp_path):
     # the A100s copy on a copy stream: a copy costs compute only what memory-bound kernels
     # beside it lose to it, the memory-bound share μ of it
     assert copy_charge(plan.topology, mu) == mu < 1
-    plain = plan_cost(g, "a100x8", plan.chosen, steady_state=True, overlap=False)
+    plain = plan_cost(g, "a100x8", plan.chosen, weights="sharded", steady_state=True,
+                      overlap=False)
     # the plain sum counts what the copies add to each exchange's end; behind compute they
     # cost that share of their device time instead
     assert plan.objective_s == pytest.approx(
@@ -98,10 +99,11 @@ def test_compute_under_longer_weight_gathers_is_what_is_hidden():
     # so the compute is what hides: the objective is the plain sum less the kernels and what
     # the stitching copies added to the gathers' ends (the W it keeps is their wire time).
     g = mlp(64)
-    plan = named_plan(g, "a100x8", "fsdp", steady_state=True)
+    plan = named_plan(g, "a100x8", "fsdp", weights="sharded", steady_state=True)
     weights_s, kernels_s, copies_s, tail_s = _weights_and_compute(g, plan, True)
     assert 0 < kernels_s + copies_s < weights_s
-    plain = plan_cost(g, "a100x8", plan.chosen, steady_state=True, overlap=False)
+    plain = plan_cost(g, "a100x8", plan.chosen, weights="sharded", steady_state=True,
+                      overlap=False)
     assert plan.objective_s == pytest.approx(plain - kernels_s - tail_s, rel=1e-9)
 
 
@@ -127,7 +129,8 @@ def test_weights_crossing_nodes_stream_beside_exchanges_inside_them():
     from einsummable.topology import load_topology
 
     g = llama_block_graph(preset_config("llama-7b"), 4, 2048, "float16", 1)
-    plan = named_plan(g, load_topology("h100x8x2"), "megatron-tp", steady_state=True)
+    plan = named_plan(g, load_topology("h100x8x2"), "megatron-tp", weights="sharded",
+                      steady_state=True)
     model = plan_model(plan)
     parts = split(model, {k: 0 for k in model.nodes})
     (node_a, node_w), (gpu_a, gpu_w) = parts.levels

@@ -30,8 +30,8 @@ def plans():
     g = mlp(256, d=512, f=1024)
     topo = load_topology("dgx1-v100")
     solved = optimize(g, topo, options=ODD, cache=False)
-    named = named_plan(g, topo, "megatron-tp", steady_state=True, overlap=False,
-                       cost_model=ODD.cost)  # the keywords say the same as ODD
+    named = named_plan(g, topo, "megatron-tp", weights="sharded", steady_state=True,
+                       overlap=False, cost_model=ODD.cost)  # the keywords say the same as ODD
     return g, topo, solved, named
 
 

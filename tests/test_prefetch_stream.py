@@ -78,7 +78,7 @@ def test_network_load_drops_each_flow_at_its_end():
 
 def _fsdp(tokens: int = 64):
     g = mlp(tokens, d=256, f=1024)
-    return g, named_plan(g, "a100x8", "fsdp", steady_state=True)
+    return g, named_plan(g, "a100x8", "fsdp", weights="sharded", steady_state=True)
 
 
 def test_weight_copies_are_queued_where_the_devices_have_prefetch_streams():

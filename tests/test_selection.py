@@ -107,17 +107,18 @@ def test_cli_plan_judges_unless_told_not_to(capsys):
 
 def test_one_device_sends_nothing_and_is_chosen_where_it_is_fastest():
     # On two devices of a synthetic machine this MLP's compute is too small to pay for any
-    # exchange: everything on device 0 is the fastest plan, and it is not among the MIP's
-    # candidates (each of which uses every device), so only selection can find it.
+    # exchange: with its weights stored once, everything on device 0 is the fastest plan, and
+    # it is not among the MIP's candidates (each of which uses every device), so only
+    # selection can find it.
     from einsummable.backend.runtime.simulator import simulate
     from einsummable.topology import synthetic
     g, topo = mlp(256, d=512, f=2048), synthetic(2, mem_bytes=2e7)
-    one = named_plan(g, topo, "one-device")
+    one = named_plan(g, topo, "one-device", weights="sharded")
     assert one.origin == Named("one-device")
     assert all(c.devices == ((0,),) for _, c in one.choice)
     sim = simulate(one)
     assert sim.compute_s[1] == 0.0 and not sim.link_bytes
-    plan = choose_plan(g, topo, cache=False)
+    plan = choose_plan(g, topo, weights="sharded", cache=False)
     assert plan.origin == Named("one-device")
     mip = {c.label: c for c in plan.judged.considered}["optimized"]
     assert plan.judged.simulated_s < mip.simulated_s and one.objective_s < mip.objective_s

@@ -80,7 +80,7 @@ def test_block_time_is_the_marginal_block_and_drops_the_cold_start():
     assert block_time(dp) == pytest.approx(simulate(dp).time_s, rel=1e-9)
     # fsdp gathers the weight: alone, the matmul waits for it; in a stack it arrives while
     # the previous block's elementwise tail runs
-    fsdp = named_plan(_gather_then_work(), topo, "fsdp", steady_state=True)
+    fsdp = named_plan(_gather_then_work(), topo, "fsdp", weights="sharded", steady_state=True)
     assert block_time(fsdp) < 0.9 * simulate(fsdp).time_s
     with pytest.raises(PlanError, match="steady_state"):
         block_time(optimize(g, topo, steady_state=False, cache=False))
