@@ -259,3 +259,19 @@ def test_a_bad_layer_count_is_named(bad):
 def test_the_layer_count_travels_with_the_plans_options():
     assert "layers" not in Options().to_dict()
     assert Options.from_dict(Options(layers=80).to_dict()).layers == 80
+
+
+def test_weights_placed_freely_never_come_back_over_the_cap():
+    """With weights free the rows cannot see the weight blocks an op gathers where the weight
+    is stored otherwise; a plan's peak counts them (both choices are known), and a plan they
+    overfill is refused with a named error instead of returned over the cap."""
+    g = mlp(2048, d=1024, f=4096)
+    with pytest.raises(InfeasibleError, match="the plan found does not fit: device"):
+        optimize(g, synthetic(4, mem_bytes=16e6), weights="free", steady_state=True,
+                 cache=False)
+    for cap in (24e6, 40e6):
+        plan = optimize(g, synthetic(4, mem_bytes=cap), weights="free", steady_state=True,
+                        cache=False)
+        assert max(p.bytes for p in peak_bytes(plan)) <= cap
+        walk = max(p.peak_bytes for p in lowered_peaks(lower(plan, deliver="steady")))
+        assert walk <= 1.1 * max(p.bytes for p in peak_bytes(plan))

@@ -19,7 +19,7 @@ from ..planning.placement import Candidate, one_device_choice
 from ..planning.plan import Named, Options, Origin, Plan, Solved
 from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
-from .memory import fits
+from .memory import FIT_REL_TOL, fits
 from .model import Model, build_model, fixed_nodes, search_topology
 from .peak import assignment_peaks
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
@@ -218,9 +218,27 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     if sol.status == "optimal" and gap <= ROUNDING_GAP:
         bound, gap = sol.objective, 0.0
     plan = _plan(model, sol.assignment, sol.objective, bound, gap, solve_s, origin)
+    _check_free_gathers(model, sol.assignment)
     if path is not None:
         store(path, plan)
     return plan
+
+
+def _check_free_gathers(model: Model, assignment: Mapping[str, int]) -> None:
+    """With weights placed freely the memory rows miss the weight blocks an op reads where
+    the weight is stored otherwise (`peak.py`); the plan is refused, not returned over a
+    device's memory, when those blocks overfill one."""
+    if model.options.weights == "sharded":
+        return
+    for peak in assignment_peaks(model, assignment):
+        cap = model.topology.devices[peak.device].mem_bytes
+        if peak.bytes > cap * (1 + FIT_REL_TOL):
+            raise InfeasibleError(
+                f"the plan found does not fit: {peak.describe()}, over its {cap / MB:.1f} MB; "
+                "with weights placed freely the search does not count weight blocks gathered "
+                "where an op reads them otherwise than they are stored",
+                fix="plan with weights='sharded' (every gathered block is counted), or give "
+                    "the devices more memory")
 
 
 def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None = None, *,
@@ -269,6 +287,10 @@ def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None 
                               incumbents=[a for _, a, _ in scored], side=cuts)
         except InfeasibleError:
             break  # every plan splits the heavy ops as one before it: the pool is complete
+        try:
+            _check_free_gathers(model, sol.assignment)
+        except InfeasibleError:
+            break  # the next plan overfills a device (weights free): none after it is returned
         bound = first.bound_s if first.bound_s is not None else sol.bound
         bound = min(bound, sol.objective)
         plan = _plan(model, sol.assignment, sol.objective, bound, gap_of(sol.objective, bound),

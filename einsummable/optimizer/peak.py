@@ -3,15 +3,22 @@ MIP's memory rows are made of, summed for the chosen candidates, so that the row
 plan reports and the diagnosis of an infeasible model never disagree.
 
     peak(d) = max over steps t of load[d][t],   load[d][t] = sum_v m[v, choice(v), d, t]
+
+plus, with weights placed freely, the weight blocks an op reads on a device where the weight's
+layout does not hold them (`_stored_otherwise`): the rows cannot see them, so a plan's peak
+can exceed its rows there, and `api.optimize` refuses such a plan rather than return it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..frontend.ir import Graph
+from ..core.geometry import intersect, region_shape
+from ..frontend.ir import DTYPE_BYTES, Graph
 from ..planning.candidates import OpCandidates
-from ..planning.placement import output_layout
+from ..planning.cost import consumer_needs
+from ..planning.placement import INPUT_PREFIX, output_layout
 from ..planning.plan import Plan
 from .memory import footprints, load, steps_of
 from .model import Model, fixed_nodes
@@ -45,6 +52,36 @@ class DevicePeak:
                 f"{parts}")
 
 
+def _stored_otherwise(graph: Graph, nodes: Mapping[str, OpCandidates], fp
+                      ) -> list[tuple[str, int, int, int, int]]:
+    """(op, device, bytes, first step, last step) of the weight blocks each op reads on a
+    device that the weight's chosen layout does not hold there, under weights placed freely.
+    The MIP's rows leave these out (whether a block is held depends on two nodes' choices,
+    which a row over one node's choice cannot see: `memory.py`); for one plan both choices
+    are known, so a plan's peak counts them, over the same fetch..step window."""
+    out = []
+    for k, oc in nodes.items():
+        if k.startswith(INPUT_PREFIX):
+            continue
+        for name in dict.fromkeys(oc.op.inputs):
+            info = graph.tensor(name)
+            src = nodes.get(INPUT_PREFIX + name)
+            if info.kind != "weight" or src is None:
+                continue
+            held: dict[int, list] = {}
+            for piece in output_layout(src.op, src.cands[0]):
+                held.setdefault(piece.device, []).append(piece.region)
+            missing: dict[int, int] = {}
+            for q, d in consumer_needs(oc.op, oc.cands[0], name):
+                covered = sum(math.prod(region_shape(r)) for h in held.get(d, ())
+                              if (r := intersect(q, h)) is not None)
+                left = math.prod(region_shape(q)) - covered
+                if left > 0:
+                    missing[d] = missing.get(d, 0) + left * DTYPE_BYTES[info.dtype]
+            out += [(k, d, b, fp[k].fetch, fp[k].lo) for d, b in missing.items()]
+    return out
+
+
 def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str,
                 layers: int = 1) -> tuple[DevicePeak, ...]:
     """Every device's peak where each node has exactly one candidate (the chosen one), under
@@ -53,6 +90,10 @@ def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weigh
     fp = footprints(graph, topology, nodes, layouts, weights, layers=layers)
     n, steps = topology.world_size, steps_of(graph)
     rows = load(fp, {k: 0 for k in nodes}, n, steps)
+    extra = [] if weights == "sharded" else _stored_otherwise(graph, nodes, fp)
+    for _, d, b, lo, hi in extra:
+        for t in range(lo, hi + 1):
+            rows[d][t] += b
     out = []
     for d in range(n):
         t = max(range(steps), key=lambda s: (rows[d][s], -s))
@@ -64,6 +105,8 @@ def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weigh
             for label, (terms, lo, hi) in zip(labels, f.terms()):
                 if lo <= t <= hi and terms[0][d]:
                     parts.append((label, terms[0][d]))
+        parts += [(f"weights gathered for {k}", b) for k, e, b, lo, hi in extra
+                  if e == d and lo <= t <= hi]
         parts.sort(key=lambda p: (-p[1], p[0]))
         op = graph.ops[t].name if graph.ops else None
         out.append(DevicePeak(d, rows[d][t], t, op, tuple(parts[:TOP_TENSORS])))
