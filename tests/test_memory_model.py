@@ -28,7 +28,7 @@ from einsummable.optimizer.peak import assignment_peaks, peak_bytes
 from einsummable.optimizer.report import explain
 from einsummable.planning.cost import resident_bytes
 from einsummable.planning.placement import output_layout
-from einsummable.planning.plan import Options
+from einsummable.planning.plan import Options, Plan
 from einsummable.topology import load_topology, synthetic
 
 # The issue's bar: the model's peak per rank within this of what the program allocates.
@@ -256,9 +256,15 @@ def test_a_bad_layer_count_is_named(bad):
         Options(layers=bad)
 
 
-def test_the_layer_count_travels_with_the_plans_options():
+def test_the_layer_count_travels_with_the_plans_options(tmp_path, caplog):
+    """A plan of many layers reads back from its JSON and is served from the plan cache (its
+    options' keys are known to the reader); one layer leaves the key out."""
     assert "layers" not in Options().to_dict()
-    assert Options.from_dict(Options(layers=80).to_dict()).layers == 80
+    plan = optimize(MLP, synthetic(2), weights="free", layers=80, cache=tmp_path)
+    assert Plan.from_json(plan.to_json()).options.layers == 80
+    again = optimize(MLP, synthetic(2), weights="free", layers=80, cache=tmp_path)
+    assert "not served" not in caplog.text
+    assert again.to_json() == plan.to_json()
 
 
 def test_weights_placed_freely_never_come_back_over_the_cap():

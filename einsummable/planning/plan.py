@@ -232,7 +232,7 @@ class Plan:
             raise PlanError(f"not a plan file (format {d.get('format')!r})",
                             fix=f"write plans with Plan.to_json ({FORMAT})")
         opts = d.get("options", {})
-        known = Options(nodes="parallel").to_dict()  # every key, those left out when default
+        known = Options(nodes="parallel", layers=2).to_dict()  # every key, even those left out
         unknown = sorted(set(opts) - set(known) - set(_ORIGIN_KEYS))
         if unknown:
             raise PlanError(f"plan options hold unknown keys {unknown}",
