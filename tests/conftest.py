@@ -1,7 +1,8 @@
 """Shared test settings: a deterministic hypothesis profile sized for a 2-core CI machine,
 torchvision importable on the CPU build of torch (timm imports it; see
-`einsummable.models.compat`), and the `pools` fixture: one pool of gloo worker ranks per test
-module, closed after it."""
+`einsummable.models.compat`), and the `pools` fixture: the live pools of gloo worker ranks,
+one per (backend, world size) for the whole session (starting four ranks takes seconds),
+closed at its end; a test that stops or kills a rank uses its own `Pools`."""
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -15,7 +16,7 @@ settings.load_profile("ci")
 torchvision_importable()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pools():
     p = Pools()
     yield p

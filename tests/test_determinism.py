@@ -19,17 +19,27 @@ sys.stdout.write(plan.to_json())
 """
 
 
-def _plan_bytes(topology: str, seq: int, seed: int) -> str:
-    run = subprocess.run([sys.executable, "-c", SCRIPT, topology, str(seq)],
-                         capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONHASHSEED": str(seed)})
-    assert run.returncode == 0, run.stderr[-2000:]
-    return run.stdout
+def _plans_bytes(topology: str, seq: int, seeds: tuple[int, ...]) -> list[str]:
+    """Each seed's plan, the processes side by side (the machine's cores, not one at a time)."""
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, topology, str(seq)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)})
+             for seed in seeds]
+    outs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err[-2000:]
+            outs.append(out)
+    finally:
+        for proc in procs:
+            proc.kill()
+    return outs
 
 
 @pytest.mark.parametrize("topology,seq", [
     ("cpu4", 512), ("a100x8", 2048),
     pytest.param("h100x8x2", 256, marks=pytest.mark.slow)])  # 35 s a process here
 def test_plans_are_byte_identical_across_fresh_processes(topology, seq):
-    plans = [_plan_bytes(topology, seq, seed) for seed in (1, 2, 3)]
+    plans = _plans_bytes(topology, seq, (1, 2, 3))
     assert plans[0] and plans[0] == plans[1] == plans[2]

@@ -89,11 +89,14 @@ def test_killed_rank_fails_everyone_fast():
         p.close()
 
 
-def test_a_stopped_rank_is_named_before_any_receive_times_out():
+def test_a_stopped_rank_is_named_before_any_receive_times_out(monkeypatch):
     """A rank whose process is there but does not run (SIGSTOP, as a debugger or the machine
-    would stop it) sends no heartbeat: it is named, not a peer whose receive times out."""
+    would stop it) sends no heartbeat: it is named, not a peer whose receive times out (nor a
+    rank that waits on it and goes quiet after it)."""
     import signal
-    from einsummable.backend.runtime.pool import FROZEN_AFTER_S
+    from einsummable.backend.runtime import pool as pool_mod
+    FROZEN_AFTER_S = 4.0  # eight missed beats; the default's 10 s only adds to the suite
+    monkeypatch.setattr(pool_mod, "FROZEN_AFTER_S", FROZEN_AFTER_S)
     g, ins, _ = llama()
     low = lower(g, split_plan(g, 4, ("b",)), load_topology("cpu4"))
     p = Pools()
@@ -106,6 +109,16 @@ def test_a_stopped_rank_is_named_before_any_receive_times_out():
         assert FROZEN_AFTER_S <= time.monotonic() - start < WAIT_TIMEOUT_S
     finally:
         p.close()
+
+
+def test_the_rank_named_is_the_one_silent_longest():
+    from einsummable.backend.runtime.pool import FROZEN_AFTER_S, _quietest
+    now = 100.0
+    late = now - FROZEN_AFTER_S - 1
+    # rank 2 stopped first; rank 0 waited on it and went quiet a beat later
+    assert _quietest({0: late + 0.5, 1: now, 2: late, 3: now}, {}, now) == 2
+    assert _quietest({0: late + 0.5, 1: now, 2: late, 3: now}, {2: None}, now) == 0
+    assert _quietest({0: now, 1: now - 1.0}, {}, now) is None
 
 
 def test_a_failing_rank_puts_its_error_first_and_the_traceback_below(monkeypatch):

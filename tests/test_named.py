@@ -18,10 +18,11 @@ from helpers import split_modes
 
 
 
-@pytest.fixture(scope="module")
-def block():
+# pcie4-numa solves both optima in seconds; a100x8's eight devices take half a minute (slow)
+@pytest.fixture(scope="module", params=["pcie4-numa", pytest.param("a100x8", marks=pytest.mark.slow)])
+def block(request):
     g = llama_block_graph(preset_config("llama-7b", width=0.25), 2, 256, "float16")
-    topo = load_topology("a100x8")
+    topo = load_topology(request.param)
     return g, topo, build_model(g, topo, Options("sharded", True))
 
 

@@ -34,11 +34,14 @@ from helpers import (EXHAUSTIVE_LIMIT, SOLVER_REL, TOPOLOGIES, exhaustive_best, 
                      small_random_graph, split_modes, truncate_candidates)
 
 
-def test_mip_equals_exhaustive_on_200_random_graphs():
+@pytest.mark.parametrize("count", [60, pytest.param(200, marks=pytest.mark.slow)])
+def test_mip_equals_exhaustive_on_random_graphs(count):
+    # the first 60 graphs cover every topology and both weight modes (the suite's run); 200
+    # with the slow tests
     rng = random.Random(0)
     topos = [(n, f()) for n, f in TOPOLOGIES]
     checked = 0
-    for trial in range(200):
+    for trial in range(count):
         name, topo = topos[trial % len(topos)]
         g = small_random_graph(rng)
         opts = Options(weights=rng.choice(["sharded", "free"]),
@@ -57,7 +60,7 @@ def test_mip_equals_exhaustive_on_200_random_graphs():
         assert mip.gap == pytest.approx(0.0, abs=1e-6)
         assert objective_s(model, mip.assignment) == pytest.approx(mip.objective, rel=1e-12)
         checked += 1
-    assert checked == 200
+    assert checked == count
 
 
 def _random_models(seed: int, trials: int):
@@ -236,28 +239,33 @@ def test_traffic_stays_inside_nodes_on_two_nodes(tmp_path):
     assert across <= inside
 
 
-def test_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
-    # The real two-node machine (InfiniBand at 1/9 of NVSwitch per GPU), a small MLP so it
-    # solves in seconds: the heavy traffic is inside the nodes.
+@pytest.fixture(scope="module")
+def h100_mlp(tmp_path_factory):
+    """The real two-node machine (InfiniBand at 1/9 of NVSwitch per GPU) and a small MLP, with
+    its optimum: solved once (pricing its cells is most of a minute) for the tests below."""
     topo = load_topology("h100x8x2")
     g = mlp(4096, d=1024, f=4096)
-    plan = optimize(g, topo, steady_state=True, cache=tmp_path)
+    return g, topo, optimize(g, topo, steady_state=True, cache=tmp_path_factory.mktemp("h100"))
+
+
+def test_traffic_stays_inside_nodes_on_h100x8x2(h100_mlp):
+    # the heavy traffic is inside the nodes
+    g, topo, plan = h100_mlp
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
 
 
-def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
+def test_time_limit_returns_the_best_plan_with_an_honest_gap(h100_mlp):
     # 0.2 s is far below the search (pricing this model's cells takes seconds): the answer is
     # a plan whose objective is its exact cost, under a finite bound the full search respects.
-    topo = load_topology("h100x8x2")
-    g = mlp(4096, d=1024, f=4096)
+    g, topo, full = h100_mlp
     quick = optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
     assert quick.origin.status == "time_limit"
     assert quick.objective_s == pytest.approx(
         plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
     assert 0 < quick.bound_s <= quick.objective_s
     assert quick.gap == pytest.approx((quick.objective_s - quick.bound_s) / quick.objective_s)
-    full = optimize(g, topo, steady_state=True, cache=tmp_path)
+    assert full.origin.status == "optimal"
     assert quick.bound_s <= full.objective_s * (1 + 1e-9) <= quick.objective_s * (1 + 1e-9)
 
 

@@ -24,7 +24,8 @@ def readme_example() -> str:
     return code + '\nprint("README example OK")\n'
 
 
-@pytest.mark.parametrize("how", ["script", "stdin"])
+# the script is how most run it; standard input (no file for spawned ranks to import) is slow
+@pytest.mark.parametrize("how", ["script", pytest.param("stdin", marks=pytest.mark.slow)])
 def test_readme_example_runs_without_a_main_guard(how, tmp_path):
     code = readme_example()
     if how == "script":

@@ -61,6 +61,14 @@ def _beat(rank: int, results, busy: threading.Event) -> None:
             results.put((rank, "beat", time.monotonic()))
 
 
+def _quietest(alive_at: dict[int, float], done: Any, now: float) -> int | None:
+    """The rank silent longest past FROZEN_AFTER_S among those not done, or None. The longest,
+    not the lowest: a starved parent may look only once several are quiet, and a rank waiting
+    on a stopped one (in a C wait that holds the GIL) goes quiet after it."""
+    silent = [r for r, t in alive_at.items() if r not in done and now - t > FROZEN_AFTER_S]
+    return min(silent, key=lambda r: (alive_at[r], r)) if silent else None
+
+
 def _failure(e: BaseException) -> str:
     """A rank's error for the parent: the exception on the first line, where it came from
     below it (a RuntimeFault's own text is already in the user's words)."""
@@ -191,10 +199,8 @@ class Pool:
                 kind = None
             if kind == "beat":
                 alive_at[rank] = max(alive_at[rank], payload)
-            silent = [r for r, t in alive_at.items()
-                      if r not in out and time.monotonic() - t > FROZEN_AFTER_S]
-            if silent and want != "ready":
-                r = silent[0]
+            r = _quietest(alive_at, out, time.monotonic())
+            if r is not None and want != "ready":
                 quiet_s = time.monotonic() - alive_at[r]
                 self.close()
                 raise RuntimeFault(f"rank {r} stopped responding: no heartbeat for "
