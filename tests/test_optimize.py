@@ -180,6 +180,9 @@ def test_many_tokens_rediscover_data_parallel_with_gathered_weights(tmp_path):
         assert len({d for ds in cand.devices for d in ds}) == 8
 
 
+# 20 s of pricing the cube mesh's relayed exchanges: slow; the store-and-forward rule it rests
+# on is checked in seconds by test_exchange.test_a_relayed_block_waits_whole_at_the_relay.
+@pytest.mark.slow
 def test_square_matmul_chain_on_the_cube_mesh_is_not_split_three_ways(tmp_path):
     # 3D matmul (i/2 j/2 k/2) moves the fewest bytes, but on the sparse cube-mesh NVLink of
     # dgx1-v100 its partial sums travel relayed, and a relay waits for the whole message (store
@@ -239,32 +242,31 @@ def test_traffic_stays_inside_nodes_on_two_nodes(tmp_path):
     assert across <= inside
 
 
-@pytest.fixture(scope="module")
-def h100_mlp(tmp_path_factory):
-    """The real two-node machine (InfiniBand at 1/9 of NVSwitch per GPU) and a small MLP, with
-    its optimum: solved once (pricing its cells is most of a minute) for the tests below."""
+# Half a minute pricing 16 devices' cells: slow (the synthetic two nodes above check the rule
+# in seconds).
+@pytest.mark.slow
+def test_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
+    # The real two-node machine (InfiniBand at 1/9 of NVSwitch per GPU), a small MLP: the
+    # heavy traffic is inside the nodes.
     topo = load_topology("h100x8x2")
     g = mlp(4096, d=1024, f=4096)
-    return g, topo, optimize(g, topo, steady_state=True, cache=tmp_path_factory.mktemp("h100"))
-
-
-def test_traffic_stays_inside_nodes_on_h100x8x2(h100_mlp):
-    # the heavy traffic is inside the nodes
-    g, topo, plan = h100_mlp
+    plan = optimize(g, topo, steady_state=True, cache=tmp_path)
     inside, across = _bytes_inside_and_across(g, topo, plan, True)
     assert across <= inside
 
 
-def test_time_limit_returns_the_best_plan_with_an_honest_gap(h100_mlp):
+def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
     # 0.2 s is far below the search (pricing this model's cells takes seconds): the answer is
     # a plan whose objective is its exact cost, under a finite bound the full search respects.
-    g, topo, full = h100_mlp
+    topo = synthetic(8, nodes=2)
+    g = mlp(4096, d=1024, f=4096)
     quick = optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
     assert quick.origin.status == "time_limit"
     assert quick.objective_s == pytest.approx(
         plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
     assert 0 < quick.bound_s <= quick.objective_s
     assert quick.gap == pytest.approx((quick.objective_s - quick.bound_s) / quick.objective_s)
+    full = optimize(g, topo, steady_state=True, cache=tmp_path)
     assert full.origin.status == "optimal"
     assert quick.bound_s <= full.objective_s * (1 + 1e-9) <= quick.objective_s * (1 + 1e-9)
 
