@@ -5,10 +5,12 @@ program walked instruction by instruction (`backend/footprint.py`).
     python -m experiments.memory_check              # the table of BENCHMARKS.md
     python -m experiments.memory_check --random 25  # ratios over random graphs' plans
     python -m experiments.memory_check --least      # the 7B block's least capacity, met
+    python -m experiments.memory_check --caps       # weights free against sharded by cap
 """
 from __future__ import annotations
 
 import argparse
+import logging
 
 from einsummable.backend.footprint import lowered_peaks
 from einsummable.backend.lowering import lower
@@ -124,12 +126,84 @@ def least_capacity() -> None:
           f"({time.perf_counter() - t0:.1f} s)")
 
 
+CAP_SHARES = (1.0, 0.75, 0.5, 0.35, 0.25)
+
+
+def caps() -> None:
+    """Weights free against stored once as memory shrinks: the llama-7b block (batch 1 x
+    512, fp16) on a100x8, and an fp16 MLP (2048 tokens, 1024 -> 4096) on 4 synthetic devices,
+    each with its memory cut to shares of the peak of its plan with weights free and memory
+    to spare. Per cap and weights option: the plan's objective, its model peak (gathered
+    weight blocks counted), its programs' walked peak, the rounds of memory cuts and the
+    solve's seconds."""
+    from einsummable.models.presets import preset_config
+    from einsummable.topology import synthetic
+    b = Builder("float16")
+    x = b.input("x", (2048, 1024))
+    h = b.einsum("td,df->tf", x, b.weight("w1", (1024, 4096)), name="up").relu()
+    mlp16 = b.build([b.einsum("tf,fd->td", h, b.weight("w2", (4096, 1024)), name="down")])
+    cases = [("llama-7b block, 1 x 512, a100x8", llama_block_graph(preset_config("llama-7b"),
+                                                                   1, 512),
+              lambda cap: _capped(load_topology("a100x8"), cap)),
+             ("MLP 2048 x 1024 -> 4096, 4 devices", mlp16,
+              lambda cap: synthetic(4, mem_bytes=cap))]
+    rounds = _RoundCounter()
+    logger = logging.getLogger("einsummable.optimizer.gather_cuts")
+    logger.addHandler(rounds)
+    logger.setLevel(logging.INFO)
+    print("| workload | cap MB | weights | objective ms | model peak MB | program peak MB | "
+          "cut rounds | solve s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, g, topo_at in cases:
+        roomy = max(p.bytes for p in peak_bytes(optimize(g, topo_at(1e12), weights="free",
+                                                         cache=False)))
+        for share in CAP_SHARES:
+            for weights in ("free", "sharded"):
+                print(f"| {label} | {_cap_row(g, topo_at, roomy * share, weights, rounds)}")
+
+
+class _RoundCounter(logging.Handler):
+    """Counts the rounds of memory cuts `gather_cuts.fit_gathers` logs."""
+    count = 0
+
+    def emit(self, record) -> None:
+        self.count += record.getMessage().startswith("memory cuts")
+
+
+def _capped(base, cap):
+    import dataclasses
+    return dataclasses.replace(base, name=f"{base.name}-{cap:.0f}", devices=tuple(
+        dataclasses.replace(d, mem_bytes=cap) for d in base.devices))
+
+
+def _cap_row(g, topo_at, cap: float, weights: str, rounds: _RoundCounter) -> str:
+    import time
+    from einsummable.errors import InfeasibleError
+    rounds.count = 0
+    t0 = time.perf_counter()
+    try:
+        plan = optimize(g, topo_at(cap), weights=weights, cache=False)
+    except InfeasibleError as e:
+        return (f"{cap / MB:.1f} | {weights} | no plan fits (least found "
+                f"{(e.min_capacity or 0) / MB:.1f} MB) | | | {rounds.count} | "
+                f"{time.perf_counter() - t0:.1f} |")
+    s = time.perf_counter() - t0
+    model = max(p.bytes for p in peak_bytes(plan))
+    walk = max(p.peak_bytes for p in lowered_peaks(lower(plan, deliver=delivery(plan))))
+    return (f"{cap / MB:.1f} | {weights} | {plan.objective_s * 1e3:.3f} | {model / MB:.1f} | "
+            f"{walk / MB:.1f} | {rounds.count} | {s:.1f} |")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--random", type=int, default=0, help="seeds of random graphs instead")
     ap.add_argument("--least", action="store_true", help="the 7B block's least capacity")
+    ap.add_argument("--caps", action="store_true", help="weights free against sharded by cap")
     args = ap.parse_args(argv)
+    if args.caps:
+        caps()
+        return
     if args.least:
         least_capacity()
         return

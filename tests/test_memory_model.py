@@ -153,10 +153,11 @@ def test_the_rows_and_the_peak_are_the_same_sums(seed):
 
 
 def _least_and_free(g):
-    """(the least any plan needs on its fullest device, the unconstrained plan's peak)."""
+    """(the least any plan needs on its fullest device, the unconstrained plan's peak), with
+    weights stored once: the rows count every byte, so the least is exact."""
     with pytest.raises(InfeasibleError) as e:
-        optimize(g, synthetic(4, mem_bytes=1.0), cache=False)
-    free = optimize(g, synthetic(4), cache=False)
+        optimize(g, synthetic(4, mem_bytes=1.0), weights="sharded", cache=False)
+    free = optimize(g, synthetic(4), weights="sharded", cache=False)
     return e.value.min_capacity, max(p.bytes for p in peak_bytes(free))
 
 
@@ -165,17 +166,31 @@ LEAST, FREE = _least_and_free(MLP)
 
 
 @settings(max_examples=8, deadline=None, database=None)
-@given(st.floats(0.0, 1.0))
-def test_a_returned_plan_never_exceeds_a_random_cap(share):
+@given(st.floats(0.0, 1.0), st.sampled_from(["sharded", "free"]))
+def test_a_returned_plan_never_exceeds_a_random_cap(share, weights):
     assert LEAST < FREE  # the caps in between bind
     cap = LEAST + share * (FREE - LEAST)
-    plan = optimize(MLP, synthetic(4, mem_bytes=cap), cache=False)
+    # a plan that stores each weight once is a plan with weights free too: both find one
+    plan = optimize(MLP, synthetic(4, mem_bytes=cap), weights=weights, cache=False)
     assert max(p.bytes for p in peak_bytes(plan)) <= cap * (1 + 1e-6)
+
+
+def test_with_weights_free_the_capacity_reported_is_one_a_plan_meets():
+    """Weights placed freely: the rows miss the blocks gathered where a weight is stored
+    otherwise, so the error reports the least of the plans it found with those counted."""
+    with pytest.raises(InfeasibleError) as e:
+        optimize(MLP, synthetic(4, mem_bytes=LEAST / 2), weights="free", cache=False)
+    assert re.search(r"device \d+ needs [\d.]+ MB at op '\w+'", str(e.value)), str(e.value)
+    need = e.value.min_capacity
+    assert LEAST / 2 < need
+    plan = optimize(MLP, synthetic(4, mem_bytes=need * (1 + 1e-6)), weights="free",
+                    cache=False)
+    assert max(p.bytes for p in peak_bytes(plan)) <= need * (1 + 1e-6)
 
 
 def test_infeasibility_names_the_device_the_op_and_the_bytes():
     with pytest.raises(InfeasibleError) as e:
-        optimize(MLP, synthetic(4, mem_bytes=LEAST / 2), cache=False)
+        optimize(MLP, synthetic(4, mem_bytes=LEAST / 2), weights="sharded", cache=False)
     text = str(e.value)
     found = re.search(r"device (\d+) needs ([\d.]+) MB at op '(\w+)' \(step \d+\); "
                       r"largest alive: (.+?) ([\d.]+) MB", text)
@@ -267,17 +282,24 @@ def test_the_layer_count_travels_with_the_plans_options(tmp_path, caplog):
     assert again.to_json() == plan.to_json()
 
 
-def test_weights_placed_freely_never_come_back_over_the_cap():
+def test_weights_placed_freely_never_come_back_over_the_cap(monkeypatch):
     """With weights free the rows cannot see the weight blocks an op gathers where the weight
-    is stored otherwise; a plan's peak counts them (both choices are known), and a plan they
-    overfill is refused with a named error instead of returned over the cap."""
+    is stored otherwise; the search cuts off the plans they overfill (`gather_cuts.py`) until
+    one fits, says no plan does with a capacity one meets, and refuses a plan still over the
+    cap when it runs out of rounds instead of returning it."""
+    from einsummable.optimizer import gather_cuts
     g = mlp(2048, d=1024, f=4096)
-    with pytest.raises(InfeasibleError, match="the plan found does not fit: device"):
+    with pytest.raises(InfeasibleError, match="no plan fits the devices' memory once") as e:
         optimize(g, synthetic(4, mem_bytes=16e6), weights="free", steady_state=True,
                  cache=False)
-    for cap in (24e6, 40e6):
+    caps = (e.value.min_capacity * (1 + 1e-6), 24e6, 40e6)
+    for cap in caps:
         plan = optimize(g, synthetic(4, mem_bytes=cap), weights="free", steady_state=True,
                         cache=False)
         assert max(p.bytes for p in peak_bytes(plan)) <= cap
         walk = max(p.peak_bytes for p in lowered_peaks(lower(plan, deliver="steady")))
         assert walk <= 1.1 * max(p.bytes for p in peak_bytes(plan))
+    monkeypatch.setattr(gather_cuts, "MEMORY_CUT_ROUNDS", 0)
+    with pytest.raises(InfeasibleError, match="the plan found does not fit: device"):
+        optimize(g, synthetic(4, mem_bytes=caps[0]), weights="free", steady_state=True,
+                 cache=False)

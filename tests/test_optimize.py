@@ -163,6 +163,20 @@ def test_lp_pricing_first_still_finds_the_exhaustive_optimum(monkeypatch):
     assert max(rounds) > 1  # and priced and re-solved on some
 
 
+def test_candidates_listed_are_those_of_the_weights_option():
+    # the default options' weights may replicate, so es.candidates lists those layouts too;
+    # stored once, a weight never sits whole on more than one device
+    g = mlp(64)
+    free, once = candidates(g, "cpu2"), candidates(g, "cpu2", weights="sharded")
+    assert free == candidates(g, "cpu2", weights=Options().weights)
+    for w in ("w1", "w2"):
+        key = "input:" + w
+        assert set(once[key]) < set(free[key])
+        assert all(len(ds) == 1 for c in once[key] for ds in c.devices)
+        assert any(len(ds) > 1 for c in free[key] for ds in c.devices)
+    assert free["up"] == once["up"]
+
+
 def test_few_tokens_rediscover_megatron_column_then_row(tmp_path):
     plan = optimize(mlp(64), "a100x8", steady_state=True, cache=tmp_path)
     assert split_modes(plan, "up") == {"f"}        # column parallel: the weight's output features
@@ -258,15 +272,17 @@ def test_traffic_stays_inside_nodes_on_h100x8x2(tmp_path):
 def test_time_limit_returns_the_best_plan_with_an_honest_gap(tmp_path):
     # 0.2 s is far below the search (pricing this model's cells takes seconds): the answer is
     # a plan whose objective is its exact cost, under a finite bound the full search respects.
+    # (weights stored once: their gathers are the exchanges to price)
     topo = synthetic(8, nodes=2)
     g = mlp(4096, d=1024, f=4096)
-    quick = optimize(g, topo, steady_state=True, time_limit_s=0.2, cache=False)
+    quick = optimize(g, topo, weights="sharded", steady_state=True, time_limit_s=0.2,
+                     cache=False)
     assert quick.origin.status == "time_limit"
     assert quick.objective_s == pytest.approx(
-        plan_cost(g, topo, dict(quick.chosen), steady_state=True), rel=1e-12)
+        plan_cost(g, topo, dict(quick.chosen), weights="sharded", steady_state=True), rel=1e-12)
     assert 0 < quick.bound_s <= quick.objective_s
     assert quick.gap == pytest.approx((quick.objective_s - quick.bound_s) / quick.objective_s)
-    full = optimize(g, topo, steady_state=True, cache=tmp_path)
+    full = optimize(g, topo, weights="sharded", steady_state=True, cache=tmp_path)
     assert full.origin.status == "optimal"
     assert quick.bound_s <= full.objective_s * (1 + 1e-9) <= quick.objective_s * (1 + 1e-9)
 

@@ -38,6 +38,9 @@ def plans():
 def test_options_and_origin_survive_json(plans):
     _, _, solved, named = plans
     assert solved.options == ODD and named.options == ODD
+    default = Options()  # ODD is off the defaults in each field it sets (weights: "free")
+    assert all(getattr(ODD, f) != getattr(default, f)
+               for f in ("weights", "steady_state", "cost", "overlap"))
     assert isinstance(solved.origin, Solved) and solved.origin.status == "optimal"
     assert named.origin == Named("megatron-tp", ())
     for plan in (solved, named):

@@ -122,6 +122,18 @@ def test_one_device_sends_nothing_and_is_chosen_where_it_is_fastest():
     assert plan.origin == Named("one-device")
     mip = {c.label: c for c in plan.judged.considered}["optimized"]
     assert plan.judged.simulated_s < mip.simulated_s and one.objective_s < mip.objective_s
+    # weights free (the default): both devices' memory holds the weights, so they replicate
+    # and splitting the tokens sends nothing either: that plan splits the compute and beats
+    # the one device, which is still considered
+    free = choose_plan(g, topo, cache=False)
+    assert free.options.weights == "free" and free.origin != Named("one-device")
+    for w in g.weights:  # one whole block of each weight, on both devices
+        cand = free.layout_of_input(w.name)
+        assert len(cand.devices) == 1 and sorted(cand.devices[0]) == [0, 1]
+    sim = simulate(free)
+    assert not sim.link_bytes and min(sim.compute_s) > 0.0
+    alone = {c.label: c for c in free.judged.considered}["one-device"]
+    assert free.judged.simulated_s < alone.simulated_s
 
 
 def test_one_device_that_does_not_fit_is_left_out_and_says_why():

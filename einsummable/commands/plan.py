@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=1, help="stacked blocks (presets)")
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--width", type=float, default=None, help="scale a preset's width")
-    p.add_argument("--weights", default="sharded", choices=("sharded", "free"))
+    p.add_argument("--weights", default="free", choices=("free", "sharded"),
+                   help="free: memory decides what is replicated; sharded: stored once")
     p.add_argument("--nodes", default="free", choices=("free", "parallel"),
                    help="on a machine of several nodes: search every level (free, beside the "
                         "node-parallel optimum), or only plans in which each node runs its "

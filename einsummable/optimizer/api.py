@@ -21,6 +21,7 @@ from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
 from .memory import FIT_REL_TOL, fits
 from .model import Model, build_model, fixed_nodes, search_topology
+from .gather_cuts import MEMORY_CUT_ROUNDS, fit_gathers
 from .peak import assignment_peaks
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
@@ -81,9 +82,11 @@ def _plan(model: Model, assignment: Mapping[str, int], objective: float, bound, 
                 model.options, origin)
 
 
-def candidates(graph: Graph, topology, weights: str = "sharded") -> dict[str, list[Candidate]]:
-    """Node key (op name, or "input:<name>" for a graph input's layout) -> its candidates."""
+def candidates(graph: Graph, topology, weights: str | None = None) -> dict[str, list[Candidate]]:
+    """Node key (op name, or "input:<name>" for a graph input's layout) -> its candidates,
+    under the weights option (default `Options`' own: "free")."""
     topology = load_topology(topology)
+    weights = resolve_options(weights=weights).weights
     return {k: list(oc.cands) for k, oc in
             graph_candidates(graph, topology, weights=weights).items()}
 
@@ -212,6 +215,7 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     else:
         sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
                           incumbents=named)
+    sol = _fitting(model, sol, scored, solver, deadline)
     solve_s = time.perf_counter() - t0
     origin = Solved(solver, sol.status, time_limit_s, best_named[2] if best_named else None)
     bound, gap = sol.bound, sol.gap
@@ -224,10 +228,24 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
     return plan
 
 
+def _fitting(model: Model, sol: Solution, scored, solver: str, deadline: float | None,
+             side: Sequence = ()) -> Solution:
+    """With weights placed freely, the search again under memory cuts while the plan found
+    overfills a device with the weight blocks it gathers where a weight is stored otherwise
+    (`gather_cuts.py`); the strategies that meet the cuts warm-start it."""
+    def resolve(cuts, left):
+        every = tuple(side) + tuple(cuts)
+        ok = [(o, a) for o, a, _ in scored if meets(every, a)]
+        warm = min(ok, key=lambda x: x[0])[1] if ok else None
+        return solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
+                           incumbents=[a for _, a in ok], side=every)
+    return fit_gathers(model, sol, resolve, deadline)[0]
+
+
 def _check_free_gathers(model: Model, assignment: Mapping[str, int]) -> None:
-    """With weights placed freely the memory rows miss the weight blocks an op reads where
-    the weight is stored otherwise (`peak.py`); the plan is refused, not returned over a
-    device's memory, when those blocks overfill one."""
+    """The plan is refused, not returned over a device's memory, when the weight blocks it
+    gathers where a weight is stored otherwise still overfill one after the cut rounds
+    (`gather_cuts.py`: out of rounds or of time)."""
     if model.options.weights == "sharded":
         return
     for peak in assignment_peaks(model, assignment):
@@ -235,10 +253,10 @@ def _check_free_gathers(model: Model, assignment: Mapping[str, int]) -> None:
         if peak.bytes > cap * (1 + FIT_REL_TOL):
             raise InfeasibleError(
                 f"the plan found does not fit: {peak.describe()}, over its {cap / MB:.1f} MB; "
-                "with weights placed freely the search does not count weight blocks gathered "
-                "where an op reads them otherwise than they are stored",
-                fix="plan with weights='sharded' (every gathered block is counted), or give "
-                    "the devices more memory")
+                f"the search stopped (its time limit, or {MEMORY_CUT_ROUNDS} rounds of memory "
+                "cuts) before it found one whose gathered weight blocks fit",
+                fix="raise time_limit_s, plan with weights='sharded' (every gathered block "
+                    "is in the memory rows), or give the devices more memory")
 
 
 def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None = None, *,
@@ -285,6 +303,8 @@ def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None 
             sol = solve_model(model, time_limit_s=time_limit_s, solver=solver,
                               warm_start=best_named[1] if best_named else None,
                               incumbents=[a for _, a, _ in scored], side=cuts)
+            deadline = None if time_limit_s is None else t0 + time_limit_s
+            sol = _fitting(model, sol, scored, solver, deadline, side=cuts)
         except InfeasibleError:
             break  # every plan splits the heavy ops as one before it: the pool is complete
         try:

@@ -39,7 +39,7 @@ OBJECTIVE_REL_TOL = 1e-9
 # 15: files carry their plan's digest; 16: flat programs, broadcasts and gathers by rail;
 # 17: an exchange that is one node's on every node synthesised per node; 18: memory rows
 # count blocks read in place as free, weights gathered from their fetch step, packed messages).
-CACHE_VERSION = 18
+CACHE_VERSION = 19
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

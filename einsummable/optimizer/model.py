@@ -36,9 +36,9 @@ Steady state adds, for every block input x paired with a block output y of the s
 edge from y's producer to "input:x" whose needs are x's layout: the block must hand its output
 on in the layout its input came in, or pay the exchange that restores it.
 
-Weights "sharded": a weight's candidates never replicate (each byte on one device); its
-consumers may still gather it (FSDP-like) and pay for that exchange. "free": any layout, at no
-cost (weights placed ahead of time).
+Weights "free" (the default): any layout, at no cost (weights placed ahead of time), held
+within the memory rows. "sharded": a weight's candidates never replicate (each byte on one
+device); its consumers may still gather it (FSDP-like) and pay for that exchange.
 """
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ plan's (on the same cost model and constraints).
 
 - data-parallel: split token modes (batch, then sequence) over all devices; weights replicated
   (it is priced with weights="free": replicas are not stored once).
-- fsdp: the same split, weights stored sharded and gathered by each op that reads them.
+- fsdp: the same split, weights stored sharded and gathered by each op that reads them, under
+  weights="sharded"; under "free" (the default) its weights take the layout cheapest for its
+  ops, as every strategy's inputs do: data parallel's replicas.
 - megatron-tp: inside the fastest level, split the feature mode (heads, FFN width; the
   contraction mode when the activation already carries it, so column- then row-parallel);
   ops without one (norms, residual adds) are replicated; slower levels (across nodes) run data

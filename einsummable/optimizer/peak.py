@@ -5,8 +5,9 @@ plan reports and the diagnosis of an infeasible model never disagree.
     peak(d) = max over steps t of load[d][t],   load[d][t] = sum_v m[v, choice(v), d, t]
 
 plus, with weights placed freely, the weight blocks an op reads on a device where the weight's
-layout does not hold them (`_stored_otherwise`): the rows cannot see them, so a plan's peak
-can exceed its rows there, and `api.optimize` refuses such a plan rather than return it.
+layout does not hold them (`stored_otherwise`): the rows cannot see them, so a plan's peak
+can exceed its rows there; `gather_cuts.py` cuts off such plans, and `api.optimize` never
+returns one.
 """
 from __future__ import annotations
 
@@ -52,13 +53,25 @@ class DevicePeak:
                 f"{parts}")
 
 
-def _stored_otherwise(graph: Graph, nodes: Mapping[str, OpCandidates], fp
-                      ) -> list[tuple[str, int, int, int, int]]:
-    """(op, device, bytes, first step, last step) of the weight blocks each op reads on a
-    device that the weight's chosen layout does not hold there, under weights placed freely.
-    The MIP's rows leave these out (whether a block is held depends on two nodes' choices,
-    which a row over one node's choice cannot see: `memory.py`); for one plan both choices
-    are known, so a plan's peak counts them, over the same fetch..step window."""
+@dataclass(frozen=True)
+class StoredOtherwise:
+    """Op `op` reads, on `device`, `bytes` of weight blocks that the layout of its weight
+    input node `weight` does not hold there: gathered over steps first..last."""
+    op: str
+    weight: str  # the weight's input node ("input:<name>")
+    device: int
+    bytes: int
+    first: int
+    last: int
+
+
+def stored_otherwise(graph: Graph, nodes: Mapping[str, OpCandidates], fp
+                     ) -> list[StoredOtherwise]:
+    """The weight blocks each op reads on a device that the weight's chosen layout does not
+    hold there, under weights placed freely. The MIP's rows leave these out (whether a block
+    is held depends on two nodes' choices, which a row over one node's choice cannot see:
+    `memory.py`; `gather_cuts.py` adds them as cuts); for one plan both choices are known, so
+    a plan's peak counts them, over the same fetch..step window."""
     out = []
     for k, oc in nodes.items():
         if k.startswith(INPUT_PREFIX):
@@ -68,18 +81,28 @@ def _stored_otherwise(graph: Graph, nodes: Mapping[str, OpCandidates], fp
             src = nodes.get(INPUT_PREFIX + name)
             if info.kind != "weight" or src is None:
                 continue
-            held: dict[int, list] = {}
-            for piece in output_layout(src.op, src.cands[0]):
-                held.setdefault(piece.device, []).append(piece.region)
-            missing: dict[int, int] = {}
-            for q, d in consumer_needs(oc.op, oc.cands[0], name):
-                covered = sum(math.prod(region_shape(r)) for h in held.get(d, ())
-                              if (r := intersect(q, h)) is not None)
-                left = math.prod(region_shape(q)) - covered
-                if left > 0:
-                    missing[d] = missing.get(d, 0) + left * DTYPE_BYTES[info.dtype]
-            out += [(k, d, b, fp[k].fetch, fp[k].lo) for d, b in missing.items()]
+            missing = missing_bytes(consumer_needs(oc.op, oc.cands[0], name),
+                                    output_layout(src.op, src.cands[0]),
+                                    DTYPE_BYTES[info.dtype])
+            out += [StoredOtherwise(k, INPUT_PREFIX + name, d, b, fp[k].fetch, fp[k].lo)
+                    for d, b in missing.items()]
     return out
+
+
+def missing_bytes(needs, layout, itemsize: int) -> dict[int, int]:
+    """Device -> bytes of the blocks `needs` ((region, device) pairs) asks for there that the
+    pieces of `layout` on that device do not hold (pieces of one layout do not overlap)."""
+    held: dict[int, list] = {}
+    for piece in layout:
+        held.setdefault(piece.device, []).append(piece.region)
+    missing: dict[int, int] = {}
+    for q, d in needs:
+        covered = sum(math.prod(region_shape(r)) for h in held.get(d, ())
+                      if (r := intersect(q, h)) is not None)
+        left = math.prod(region_shape(q)) - covered
+        if left > 0:
+            missing[d] = missing.get(d, 0) + left * itemsize
+    return missing
 
 
 def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str,
@@ -90,10 +113,10 @@ def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weigh
     fp = footprints(graph, topology, nodes, layouts, weights, layers=layers)
     n, steps = topology.world_size, steps_of(graph)
     rows = load(fp, {k: 0 for k in nodes}, n, steps)
-    extra = [] if weights == "sharded" else _stored_otherwise(graph, nodes, fp)
-    for _, d, b, lo, hi in extra:
-        for t in range(lo, hi + 1):
-            rows[d][t] += b
+    extra = [] if weights == "sharded" else stored_otherwise(graph, nodes, fp)
+    for x in extra:
+        for t in range(x.first, x.last + 1):
+            rows[x.device][t] += x.bytes
     out = []
     for d in range(n):
         t = max(range(steps), key=lambda s: (rows[d][s], -s))
@@ -105,8 +128,8 @@ def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weigh
             for label, (terms, lo, hi) in zip(labels, f.terms()):
                 if lo <= t <= hi and terms[0][d]:
                     parts.append((label, terms[0][d]))
-        parts += [(f"weights gathered for {k}", b) for k, e, b, lo, hi in extra
-                  if e == d and lo <= t <= hi]
+        parts += [(f"weights gathered for {x.op}", x.bytes) for x in extra
+                  if x.device == d and x.first <= t <= x.last]
         parts.sort(key=lambda p: (-p[1], p[0]))
         op = graph.ops[t].name if graph.ops else None
         out.append(DevicePeak(d, rows[d][t], t, op, tuple(parts[:TOP_TENSORS])))

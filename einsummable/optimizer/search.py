@@ -256,18 +256,34 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str, model: Mode
             err = InfeasibleError(f"no plan fits: {e}",
                                   fix="use more devices, weights='sharded', or a smaller batch")
         else:  # the least any plan needs on its fullest device (the solver's excess MIP)
+            need, gathered = e.min_capacity, _with_gathers(model, e)
             err = InfeasibleError(
                 f"no plan fits the devices' memory: the plan that needs least still needs "
-                f"{e.min_capacity / MB:.1f} MB on a device that has {e.capacity / MB:.1f} MB"
+                f"{need / MB:.1f} MB on a device that has {e.capacity / MB:.1f} MB"
                 + (" (at most: the search hit its time limit)" if "at most" in str(e) else "")
+                + ("" if gathered <= need else
+                   f" by the memory rows, {gathered / MB:.1f} MB with the weight blocks it "
+                   "gathers where a weight is stored otherwise")
                 + _fullest(model, e),
-                fix=f"give each device at least {e.min_capacity / MB:.1f} MB; or use more "
+                fix=f"give each device at least {max(need, gathered) / MB:.1f} MB; or use more "
                     "devices, weights='sharded', or a smaller batch or sequence")
-        err.min_capacity = e.min_capacity
+            # one a plan meets: weights placed freely, the rows miss some gathered blocks
+            err.min_capacity = max(need, gathered)
+            raise err from None
+        err.min_capacity = None
         raise err from None
     except fm.FormulationError as e:
         raise SolverError(f"the {solver} solve failed: {e}",
                           fix="raise time_limit_s, or try solver='cbc'") from None
+
+
+def _with_gathers(model: Model, e) -> float:
+    """The fullest device's bytes under the plan that needs least by the rows, its gathered
+    weight blocks counted (`peak.py`); 0 where the rows count every block (weights stored
+    once) or the solver gave no plan."""
+    if model.options.weights == "sharded" or e.assignment is None:
+        return 0.0
+    return float(max(p.bytes for p in assignment_peaks(model, e.assignment)))
 
 
 def _fullest(model: Model, e) -> str:

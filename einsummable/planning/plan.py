@@ -47,8 +47,10 @@ def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
 class Options:
     """What defines the model a plan is solved on.
 
-    weights: "sharded" (every weight byte on one device; consumers may gather it and pay for
-    that exchange) or "free" (any layout at no cost: weights placed ahead of time).
+    weights: "free" (the default: any layout at no cost, weights placed ahead of time, so
+    memory decides: they replicate where every device's memory holds them and shard where it
+    must) or "sharded" (every weight byte stored once; consumers gather it and pay for that
+    exchange, as FSDP does).
     steady_state: the block hands its output on in the layout its input came in (stacked
     blocks), or pays the exchange that restores it.
     cost: the cost model's knobs (`cost.CostModel`).
@@ -64,7 +66,7 @@ class Options:
     memory rows hold every layer's weights in the plan's layout, while activations and
     gathered weights are one layer's at a time. Time is one block's.
     """
-    weights: str = "sharded"
+    weights: str = "free"
     steady_state: bool = False
     cost: CostModel = field(default_factory=CostModel)
     overlap: bool = True

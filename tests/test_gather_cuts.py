@@ -1,0 +1,117 @@
+"""Memory cuts for weights placed freely (`optimizer/gather_cuts.py`): the search under them
+returns the best plan whose true peak (gathered weight blocks counted) fits, or says none
+does, checked against enumerating every plan of small random graphs."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from einsummable.errors import InfeasibleError
+from einsummable.optimizer.api import _fitting
+from einsummable.optimizer.gather_cuts import (all_footprints, fit_gathers, gather_cuts,
+                                                weight_gathers)
+from einsummable.optimizer.memory import FIT_REL_TOL
+from einsummable.optimizer.model import build_model
+from einsummable.optimizer.objective import objective_s, to_problem
+from einsummable.optimizer.peak import assignment_peaks
+from einsummable.optimizer.search import solve_model
+from einsummable.planning.candidates import graph_candidates
+from einsummable.planning.plan import Options
+from einsummable.topology import synthetic
+
+from helpers import SOLVER_REL, mlp, small_random_graph, truncate_candidates
+
+import formulations as fm
+
+OPTS = Options(weights="free", steady_state=False, overlap=False)
+
+
+def _plans(model):
+    """Every plan of the model that meets its ties and rows, with its true peak."""
+    keys = list(model.nodes)
+    problem = to_problem(model)
+    for combo in itertools.product(*(range(len(model.nodes[k].cands)) for k in keys)):
+        choice = dict(zip(keys, combo))
+        if not fm.violations(problem, choice):
+            yield choice, max(p.bytes for p in assignment_peaks(model, choice))
+
+
+def _random_case(seed: int):
+    """A small graph with weights, on 2 or 4 devices whose memory some plans overfill with
+    the weight blocks they gather and others do not."""
+    rng = random.Random(seed)
+    while True:
+        g = small_random_graph(rng)
+        if any(g.tensor(x).kind == "weight" for op in g.ops for x in op.inputs):
+            break
+    n = rng.choice([2, 4])
+    nodes = truncate_candidates(graph_candidates(g, synthetic(n), weights="free"), rng, 600)
+    roomy = build_model(g, synthetic(n), OPTS, nodes)
+    peaks = sorted({peak for _, peak in _plans(roomy)})
+    cap = peaks[0] + rng.random() * (peaks[-1] - peaks[0]) if rng.random() < 0.8 \
+        else peaks[0] * 0.9  # now and then below every plan
+    return g, build_model(g, synthetic(n, mem_bytes=cap), OPTS, nodes), cap
+
+
+def test_the_search_under_cuts_is_the_best_plan_that_truly_fits():
+    cut, refused = 0, 0
+    for seed in range(24):
+        g, model, cap = _random_case(seed)
+        fitting = [(objective_s(model, a), a) for a, peak in _plans(model)
+                   if peak <= cap * (1 + FIT_REL_TOL)]
+        over = False
+        try:
+            first = solve_model(model)  # the rows alone may already leave no plan
+            over = max(p.bytes for p in assignment_peaks(model, first.assignment)) > cap
+            sol = _fitting(model, first, [], "highs", None)
+        except InfeasibleError:
+            assert not fitting, seed  # said only where no plan fits
+            refused += 1
+            continue
+        assert fitting, seed
+        cut += over
+        peak = max(p.bytes for p in assignment_peaks(model, sol.assignment))
+        assert peak <= cap * (1 + FIT_REL_TOL), seed  # within the rounds on graphs this small
+        best = min(o for o, _ in fitting)
+        assert sol.objective == pytest.approx(best, rel=SOLVER_REL, abs=1e-15), seed
+        assert sol.bound <= best * (1 + SOLVER_REL) + 1e-15
+    assert cut >= 3 and refused >= 1, (cut, refused)  # the cases the cuts are for came up
+
+
+def test_a_cut_keeps_every_plan_that_fits_and_cuts_off_the_plan_it_came_from():
+    # mlp on 4 devices at 20 MB: the unconstrained optimum gathers weights past the cap
+    g = mlp(2048, d=1024, f=4096)
+    model = build_model(g, synthetic(4, mem_bytes=20e6), OPTS)
+    sol = solve_model(model)
+    fp = all_footprints(model)
+    cuts = gather_cuts(model, sol.assignment, lambda: fp)
+    assert cuts, "the optimum of the rows alone overfills a device"
+    lhs = {c.name: sum(a for k, o, a in c.terms if sol.assignment[k] == o) for c in cuts}
+    assert all(lhs[c.name] > c.rhs for c in cuts)  # cut off
+    # G_d(a, b): nothing to gather where the weight's layout a holds what b reads
+    cut = cuts[0]
+    d = int(cut.name.split("_d")[1].split("_")[0])
+    w1 = "input:w1"
+    b = sol.assignment["up"]
+    g_ab = weight_gathers(model, w1, "up", b, d)
+    assert min(g_ab) == 0 and max(g_ab) > 0
+    # a plan that fits meets every cut: the plan the search under the cuts returns
+    def resolve(cs, left):
+        return solve_model(model, side=cs)
+    fit, every = fit_gathers(model, sol, resolve)
+    assert max(p.bytes for p in assignment_peaks(model, fit.assignment)) <= 20e6 * (1 + 1e-6)
+    assert {(c.terms, c.rhs) for c in cuts} <= {(c.terms, c.rhs) for c in every}
+    for c in every:
+        assert sum(x for k, o, x in c.terms if fit.assignment[k] == o) <= c.rhs * (1 + 1e-9)
+    assert fit.objective >= sol.objective  # the cuts only take plans away
+
+
+def test_weights_stored_once_need_no_cuts():
+    g = mlp(2048, d=1024, f=4096)
+    model = build_model(g, synthetic(4, mem_bytes=20e6), Options("sharded", False))
+    sol = solve_model(model)
+    assert gather_cuts(model, sol.assignment, lambda: all_footprints(model)) == []
+    assert math.isfinite(sol.objective)
