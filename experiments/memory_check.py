@@ -184,7 +184,7 @@ def _cap_row(g, topo_at, cap: float, weights: str, rounds: _RoundCounter) -> str
     try:
         plan = optimize(g, topo_at(cap), weights=weights, cache=False)
     except InfeasibleError as e:
-        return (f"{cap / MB:.1f} | {weights} | no plan fits (least found "
+        return (f"{cap / MB:.1f} | {weights} | no plan fits (least "
                 f"{(e.min_capacity or 0) / MB:.1f} MB) | | | {rounds.count} | "
                 f"{time.perf_counter() - t0:.1f} |")
     s = time.perf_counter() - t0

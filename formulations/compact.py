@@ -46,6 +46,7 @@ class CSide:
     terms: tuple[tuple[int, int, float], ...]  # (class, option, coefficient), active classes only
     sense: str
     rhs: float  # constants of one-option classes already moved here
+    elastic: bool = False  # a memory row: exceeds its rhs by δ in the least-memory model
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ def compact(problem: Problem) -> Compact:
             else:
                 coef[(i, c)] = coef.get((i, c), 0.0) + a
         terms = tuple((i, c, a) for (i, c), a in sorted(coef.items()) if a != 0.0)
-        side.append(CSide(s.name, terms, s.sense, rhs))
+        side.append(CSide(s.name, terms, s.sense, rhs, s.elastic))
 
     return Compact(
         members=tuple(tuple(ms) for ms in members),

@@ -28,7 +28,9 @@ the bound is scaled back. The reported objective is always re-evaluated on the o
 
 When memory makes the problem infeasible, a second model minimises δ subject to
 mem_k ≤ cap[k] + δ for all k (same onehot / side / tie constraints, no objective terms), which
-gives the smallest extra memory per resource that would fit.
+gives the smallest extra memory per resource that would fit. Elastic side constraints are
+memory rows the caller adds (e.g. cuts over pairs of choices): they take the same δ there, and
+the feasibility check without memory leaves them out.
 """
 
 from __future__ import annotations
@@ -195,7 +197,25 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
 
     bad: str | None = None
     senses = {"<=": pulp.LpConstraintLE, ">=": pulp.LpConstraintGE, "==": pulp.LpConstraintEQ}
+    rows = capacities is not None and cp.memory is not None
+    memory_rows = (rows or any(s.elastic for s in cp.side)) and mode != "feasible"
+    # Excess mode: δ is the bytes every memory row (capacity rows and elastic side rows) may
+    # exceed its bound by, in units of the common scale (so δ = 1 is `common` bytes). In
+    # bytes, its coefficients (1/common, about 1e-8) sat where HiGHS's tolerances hide them:
+    # it returned a far larger excess than the least, as "optimal".
+    delta = lp.add_variable("delta") if mode == "excess" and memory_rows else None
+    common = max([1.0] + [abs(c) for c in capacities or ()]
+                 + [float(np.abs(m).max()) for m in cp.memory or ()]
+                 + [abs(s.rhs) for s in cp.side if s.elastic])
     for idx, s in enumerate(cp.side):
+        if s.elastic and mode == "feasible":
+            continue  # a memory row: the check without memory leaves it out
+        if s.elastic and delta is not None:
+            safe = re.sub(r"[^A-Za-z0-9_]", "_", s.name)[:40]
+            expr = _affine([(x[(i, c)], a / common) for i, c, a in s.terms] + [(delta, -1.0)])
+            lp.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintLE, f"side_{idx}_{safe}",
+                                               s.rhs / common))
+            continue
         if not s.terms:
             ok = {"<=": 0.0 <= s.rhs + 1e-9, ">=": 0.0 >= s.rhs - 1e-9, "==": abs(s.rhs) <= 1e-9}[s.sense]
             if not ok:
@@ -205,14 +225,8 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
         expr = _affine([(x[(i, c)], a) for i, c, a in s.terms])
         lp.addConstraint(pulp.LpConstraint(expr, senses[s.sense], f"side_{idx}_{safe}", s.rhs))
 
-    if capacities is not None and cp.memory is not None and mode != "feasible":
-        # Excess mode: δ is the bytes every row may exceed its capacity by, in units of the
-        # common scale (so δ = 1 is `common` bytes). In bytes, its coefficients (1/common,
-        # about 1e-8) sat where HiGHS's tolerances hide them: it returned a far larger
-        # excess than the least, as "optimal".
-        delta = lp.add_variable("delta") if mode == "excess" else None
+    if memory_rows and rows:
         # One common scale for excess mode keeps δ comparable across resources.
-        common = max([1.0] + [abs(c) for c in capacities] + [float(np.abs(m).max()) for m in cp.memory])
         for k, cap in enumerate(capacities):
             const = float(sum(cp.memory[i][k, cp.domain[i][0]] for i in range(len(cp.domain)) if len(cp.domain[i]) == 1))
             div = common if mode == "excess" else max(1.0, abs(cap))
@@ -224,8 +238,8 @@ def _build(cp: Compact, capacities: tuple[float, ...] | None, mode: str) -> _Bui
                     bad = bad or "memory"
                 continue
             lp.addConstraint(pulp.LpConstraint(_affine(terms), pulp.LpConstraintLE, f"mem_{k}", (cap - const) / div))
-        if delta is not None:
-            obj = [(delta, 1.0)]
+    if delta is not None:
+        obj = [(delta, 1.0)]
     if not obj:  # keep one variable in the objective so every backend accepts the model
         first = next(iter(x.values()), None)
         if first is not None:
@@ -381,7 +395,7 @@ def _initial(problem: Problem, cp: Compact) -> dict[int, int] | None:
 
 def _diagnose(problem: Problem, cp: Compact, solver, time_limit_s, threads, msg) -> Infeasible:
     plain = "no assignment satisfies the fixed options, tie groups and side constraints"
-    if problem.capacities is None:
+    if problem.capacities is None and not any(s.elastic for s in problem.side):
         return Infeasible(plain)
     feas = _build(cp, None, "feasible")
     if feas.trivially_infeasible:
@@ -403,6 +417,9 @@ def _diagnose(problem: Problem, cp: Compact, solver, time_limit_s, threads, msg)
     else:
         choice = {}
     least = cp.expand(choice)
+    if problem.capacities is None:  # elastic side rows alone: the caller accounts for them
+        return Infeasible(f"the memory rows the caller added cannot all hold{approx}",
+                          assignment=least)
     extra, k = memory_excess(problem, least)
     cap = problem.capacities[k]
     need = cap + extra

@@ -108,16 +108,23 @@ class Edge:
 
 @dataclass(frozen=True)
 class LinearConstraint:
-    """Σ coef · x[node, option] (sense) rhs, over the one-hot choice variables."""
+    """Σ coef · x[node, option] (sense) rhs, over the one-hot choice variables. An `elastic`
+    constraint (sense <=, in bytes) is a memory row the caller adds: where memory makes the
+    problem infeasible, the model of the least memory lets it exceed its rhs by the same δ
+    as the capacity rows, and the feasibility check without memory leaves it out."""
 
     terms: tuple[tuple[str, int, float], ...]
     sense: Sense
     rhs: float
     name: str = ""
+    elastic: bool = False
 
     def __post_init__(self) -> None:
         if self.sense not in ("<=", ">=", "=="):
             raise InvalidProblem(f"side constraint {self.name!r}: sense must be <=, >= or ==")
+        if self.elastic and self.sense != "<=":
+            raise InvalidProblem(f"side constraint {self.name!r}: an elastic constraint is a "
+                                 "memory row (sense <=)")
         terms = tuple((str(n), int(c), float(a)) for n, c, a in self.terms)
         object.__setattr__(self, "terms", terms)
         object.__setattr__(self, "rhs", float(self.rhs))

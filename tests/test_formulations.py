@@ -197,6 +197,37 @@ def test_infeasible_memory_reports_min_capacity(solver):
     assert ok.objective == pytest.approx(want.objective)
 
 
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_an_elastic_side_row_is_a_memory_row(solver):
+    # The memory problem at 9 bytes fits (w1=1, w2=1, act=1: 9 and 8); an elastic row over
+    # w1 and act adding 4 bytes where both take option 1 (as gather cuts do) is hard in the
+    # MIP, relaxed by the same δ as the capacity rows in the model of least memory, and left
+    # out of the check without memory.
+    cut = F.LinearConstraint((("w1", 1, 4.0), ("act", 1, 4.0)), "<=", 9.0 + 4.0, "cut",
+                             elastic=True)
+    roomy = dataclasses.replace(_memory_problem(9.0), side=(cut,))
+    sol = F.solve(roomy, solver=solver)
+    assert not F.violations(roomy, sol.assignment)
+    brute = F.exhaustive(roomy)
+    assert sol.objective == pytest.approx(brute.objective)
+    tight = dataclasses.replace(_memory_problem(6.0), side=(cut,))
+    with pytest.raises(F.Infeasible) as info:
+        F.solve(tight, solver=solver)
+    # the least δ over the rows and the cut: no plan is below 9 on the rows; the plan of
+    # least δ meets the cut within that δ
+    exc = info.value
+    assert exc.extra == pytest.approx(3.0) and exc.assignment is not None
+    a = exc.assignment
+    lhs = sum(x for n, c, x in cut.terms if a[n] == c)
+    assert lhs - cut.rhs <= 3.0 + 1e-6
+    only = F.Problem(roomy.nodes, roomy.edges, side=(dataclasses.replace(cut, rhs=-1.0),))
+    with pytest.raises(F.Infeasible) as alone:  # elastic rows alone: the plan of least δ
+        F.solve(only, solver=solver)
+    assert alone.value.assignment is not None and alone.value.min_capacity is None
+    with pytest.raises(F.InvalidProblem, match="elastic"):
+        F.LinearConstraint((("a", 0, 1.0),), ">=", 1.0, "bad", elastic=True)
+
+
 def test_infeasible_without_memory_reason():
     p = F.Problem(
         [F.Node("a", (0.0, 1.0)), F.Node("b", (0.0, 1.0))],

@@ -1,6 +1,7 @@
 """Memory cuts for weights placed freely (`optimizer/gather_cuts.py`): the search under them
 returns the best plan whose true peak (gathered weight blocks counted) fits, or says none
-does, checked against enumerating every plan of small random graphs."""
+does with the least capacity a plan needs, checked against enumerating every plan of small
+random graphs."""
 from __future__ import annotations
 
 import itertools
@@ -10,10 +11,10 @@ import random
 import pytest
 
 from einsummable.errors import InfeasibleError
-from einsummable.optimizer.api import _fitting
-from einsummable.optimizer.gather_cuts import (all_footprints, fit_gathers, gather_cuts,
-                                                weight_gathers)
-from einsummable.optimizer.memory import FIT_REL_TOL
+from einsummable.optimizer.api import _fitting, _resolver
+from einsummable.optimizer.gather_cuts import (all_footprints, fit_gathers, fits_with_gathers,
+                                                gather_cuts, least_capacity, weight_gathers)
+from einsummable.optimizer.memory import FIT_REL_TOL, fits
 from einsummable.optimizer.model import build_model
 from einsummable.optimizer.objective import objective_s, to_problem
 from einsummable.optimizer.peak import assignment_peaks
@@ -53,23 +54,32 @@ def _random_case(seed: int):
     peaks = sorted({peak for _, peak in _plans(roomy)})
     cap = peaks[0] + rng.random() * (peaks[-1] - peaks[0]) if rng.random() < 0.8 \
         else peaks[0] * 0.9  # now and then below every plan
-    return g, build_model(g, synthetic(n, mem_bytes=cap), OPTS, nodes), cap
+    least = peaks[0]  # the least any plan needs, gathered blocks counted
+    return g, build_model(g, synthetic(n, mem_bytes=cap), OPTS, nodes), cap, least
 
 
 def test_the_search_under_cuts_is_the_best_plan_that_truly_fits():
     cut, refused = 0, 0
     for seed in range(24):
-        g, model, cap = _random_case(seed)
+        g, model, cap, least = _random_case(seed)
         fitting = [(objective_s(model, a), a) for a, peak in _plans(model)
                    if peak <= cap * (1 + FIT_REL_TOL)]
         over = False
         try:
-            first = solve_model(model)  # the rows alone may already leave no plan
+            try:  # as `optimize` searches: the rows alone may already leave no plan
+                first = solve_model(model)
+            except InfeasibleError as e:
+                raise least_capacity(model, e, _resolver(model, [], "highs")) from None
             over = max(p.bytes for p in assignment_peaks(model, first.assignment)) > cap
             sol = _fitting(model, first, [], "highs", None)
-        except InfeasibleError:
+        except InfeasibleError as e:
             assert not fitting, seed  # said only where no plan fits
             refused += 1
+            # the capacity reported is the least any plan needs (a plan meets it), within
+            # the bound the search proved
+            assert e.min_capacity == pytest.approx(least, rel=1e-6), seed
+            if e.lower_bound is not None:
+                assert e.lower_bound <= least * (1 + 1e-6), seed
             continue
         assert fitting, seed
         cut += over
@@ -89,6 +99,10 @@ def test_a_cut_keeps_every_plan_that_fits_and_cuts_off_the_plan_it_came_from():
     fp = all_footprints(model)
     cuts = gather_cuts(model, sol.assignment, lambda: fp)
     assert cuts, "the optimum of the rows alone overfills a device"
+    # what the named strategies and the selection are checked with: the rows pass it, the
+    # gathered blocks do not
+    assert fits(model.memory, model.capacities, sol.assignment)
+    assert not fits_with_gathers(model, sol.assignment)
     lhs = {c.name: sum(a for k, o, a in c.terms if sol.assignment[k] == o) for c in cuts}
     assert all(lhs[c.name] > c.rhs for c in cuts)  # cut off
     # G_d(a, b): nothing to gather where the weight's layout a holds what b reads
@@ -103,6 +117,7 @@ def test_a_cut_keeps_every_plan_that_fits_and_cuts_off_the_plan_it_came_from():
         return solve_model(model, side=cs)
     fit, every = fit_gathers(model, sol, resolve)
     assert max(p.bytes for p in assignment_peaks(model, fit.assignment)) <= 20e6 * (1 + 1e-6)
+    assert fits_with_gathers(model, fit.assignment)
     assert {(c.terms, c.rhs) for c in cuts} <= {(c.terms, c.rhs) for c in every}
     for c in every:
         assert sum(x for k, o, x in c.terms if fit.assignment[k] == o) <= c.rhs * (1 + 1e-9)

@@ -19,9 +19,9 @@ from ..planning.placement import Candidate, one_device_choice
 from ..planning.plan import Named, Options, Origin, Plan, Solved
 from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
-from .memory import FIT_REL_TOL, fits
+from .memory import FIT_REL_TOL
 from .model import Model, build_model, fixed_nodes, search_topology
-from .gather_cuts import MEMORY_CUT_ROUNDS, fit_gathers
+from .gather_cuts import MEMORY_CUT_ROUNDS, fit_gathers, fits_with_gathers, least_capacity
 from .peak import assignment_peaks
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
@@ -155,7 +155,7 @@ def _strategies(model: Model, deadline: float | None = None,
         if out and deadline is not None and time.perf_counter() >= deadline:
             break  # out of time: the strategies scored so far warm-start the solve
         a, _ = named_assignment(model, name)
-        if not fits(model.memory, model.capacities, a) or not meets(cuts, a):
+        if not fits_with_gathers(model, a) or not meets(cuts, a):
             continue  # over a device's memory or cut off: not a plan here, nor a warm start
         out.append((objective_s(model, a), a, name))
     return out
@@ -213,8 +213,14 @@ def optimize(graph: Graph, topology, time_limit_s: float | None = None,
         sol = Solution(dict(best_named[1]), best_named[0], low, gap_of(best_named[0], low),
                        time.perf_counter() - t0, "time_limit", solver)
     else:
-        sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
-                          incumbents=named)
+        try:
+            sol = solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
+                              incumbents=named)
+        except InfeasibleError as e:
+            if model.options.weights == "sharded":
+                raise  # the rows count every block: their least is the least
+            raise least_capacity(model, e, _resolver(model, scored, solver), deadline=deadline
+                                 ) from None
     sol = _fitting(model, sol, scored, solver, deadline)
     solve_s = time.perf_counter() - t0
     origin = Solved(solver, sol.status, time_limit_s, best_named[2] if best_named else None)
@@ -233,13 +239,19 @@ def _fitting(model: Model, sol: Solution, scored, solver: str, deadline: float |
     """With weights placed freely, the search again under memory cuts while the plan found
     overfills a device with the weight blocks it gathers where a weight is stored otherwise
     (`gather_cuts.py`); the strategies that meet the cuts warm-start it."""
+    return fit_gathers(model, sol, _resolver(model, scored, solver, side), deadline)[0]
+
+
+def _resolver(model: Model, scored, solver: str, side: Sequence = ()):
+    """resolve(cuts, seconds left): the model solved under `side` and the cuts, warm-started
+    by the strategies that meet them."""
     def resolve(cuts, left):
         every = tuple(side) + tuple(cuts)
         ok = [(o, a) for o, a, _ in scored if meets(every, a)]
         warm = min(ok, key=lambda x: x[0])[1] if ok else None
         return solve_model(model, time_limit_s=left, solver=solver, warm_start=warm,
                            incumbents=[a for _, a in ok], side=every)
-    return fit_gathers(model, sol, resolve, deadline)[0]
+    return resolve
 
 
 def _check_free_gathers(model: Model, assignment: Mapping[str, int]) -> None:

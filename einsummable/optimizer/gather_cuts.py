@@ -25,6 +25,12 @@ gathers overfill d at t is cut off by cut(d,t,B), B its own consumers' candidate
 whatever layout it would move the weight to next; no plan that fits is. The search is
 solved again under the cuts (`fit_gathers`), each solve's bound still a bound on every plan
 that fits. One cut a device a round, at its fullest step.
+
+Where no plan fits, the cuts are elastic memory rows: the model of least memory
+(`formulations`: min δ over rows <= capacity + δ) relaxes them by the same δ, so capacity +
+δ* is a lower bound on the least capacity any plan needs with its gathered blocks counted;
+cutting off its plan at that level where the gathers take it past it and solving again
+finds the least (`least_capacity`).
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ from ..frontend.ir import DTYPE_BYTES
 from ..planning.candidates import OpCandidates
 from ..planning.cost import consumer_needs
 from ..planning.placement import output_layout
-from .memory import FIT_REL_TOL, Footprint, footprints, load, steps_of
+from .memory import FIT_REL_TOL, Footprint, fits, footprints, load, steps_of
 from .model import Model
 from .peak import assignment_peaks, missing_bytes, stored_otherwise
 
@@ -62,12 +68,13 @@ def _footprints(model: Model, nodes: Mapping[str, OpCandidates]) -> dict[str, Fo
 
 
 def gather_cuts(model: Model, assignment: Mapping[str, int],
-                full: Callable[[], Mapping[str, Footprint]], tag: str = ""
-                ) -> list[LinearConstraint]:
-    """cut(d,t,S) for each device d that `assignment` overfills once its gathered weight
-    blocks are counted, t its fullest step, S the pairs gathered there; [] when the plan
-    fits or weights are stored once (then the rows count every block). `full()`: every
-    candidate's footprint (`all_footprints`), asked for only when a device overfills."""
+                full: Callable[[], Mapping[str, Footprint]], tag: str = "",
+                excess: float = 0.0) -> list[LinearConstraint]:
+    """cut(d,t,B) for each device d that `assignment` fills past capacity(d) + `excess` once
+    its gathered weight blocks are counted, t its fullest step, B the pairs gathered there;
+    [] when the plan fits or weights are stored once (then the rows count every block).
+    `full()`: every candidate's footprint (`all_footprints`), asked for only when a device
+    overfills. The cuts are elastic: memory rows the model of least memory relaxes by δ."""
     if model.options.weights == "sharded":
         return []
     chosen = {k: OpCandidates(k, oc.op, (oc.cands[assignment[k]],),
@@ -85,7 +92,7 @@ def gather_cuts(model: Model, assignment: Mapping[str, int],
         cap = float(model.topology.devices[d].mem_bytes)
         t = max(range(steps), key=lambda s: (rows[d][s], -s))
         pairs = [x for x in extra if x.device == d and x.first <= t <= x.last]
-        if rows[d][t] <= cap * (1 + FIT_REL_TOL) or not pairs:
+        if rows[d][t] <= (cap + excess) * (1 + FIT_REL_TOL) or not pairs:
             continue
         coef: dict[tuple[str, int], float] = {}
         for k, f in full().items():
@@ -103,7 +110,7 @@ def gather_cuts(model: Model, assignment: Mapping[str, int],
             coef[x.op, b] = coef.get((x.op, b), 0.0) + max(g)
             rhs += max(g)
         cuts.append(LinearConstraint(tuple((k, c, a) for (k, c), a in coef.items()), "<=",
-                                     rhs, f"gathers{tag}_d{d}_t{t}"))
+                                     rhs, f"gathers{tag}_d{d}_t{t}", elastic=True))
     return cuts
 
 
@@ -117,6 +124,17 @@ def weight_gathers(model: Model, weight: str, op: str, b: int, d: int) -> list[i
             for c in src.cands]
 
 
+def fits_with_gathers(model: Model, assignment: Mapping[str, int]) -> bool:
+    """Whether a plan fits every device with the weight blocks it gathers where a weight is
+    stored otherwise counted (`memory.fits` checks the rows alone, which miss them)."""
+    if not fits(model.memory, model.capacities, assignment):
+        return False
+    if model.options.weights == "sharded":
+        return True
+    return all(p.bytes <= model.topology.devices[p.device].mem_bytes * (1 + FIT_REL_TOL)
+               for p in assignment_peaks(model, assignment))
+
+
 def fit_gathers(model: Model, sol: Solution,
                 resolve: Callable[[Sequence[LinearConstraint], float | None], Solution],
                 deadline: float | None = None, rounds: int | None = None
@@ -124,20 +142,15 @@ def fit_gathers(model: Model, sol: Solution,
     """Solve again under gather cuts while the plan found overfills a device (module
     docstring): `resolve(cuts, seconds left)` solves the model under the cuts. Returns the
     last solution (it may still overfill: out of rounds or time; the caller checks) and the
-    cuts."""
+    cuts. Where the cuts leave no plan, raises the error `least_capacity` words."""
     if model.options.weights == "sharded":
         return sol, ()
-    memo: list[Mapping[str, Footprint]] = []
-
-    def full() -> Mapping[str, Footprint]:
-        if not memo:
-            memo.append(all_footprints(model))
-        return memo[0]
+    full = _full(model)
     cuts: list[LinearConstraint] = []
     tried = [sol.assignment]
     for r in range(MEMORY_CUT_ROUNDS if rounds is None else rounds):
         new = gather_cuts(model, sol.assignment, full, tag=str(r))
-        left = None if deadline is None else deadline - time.perf_counter()
+        left = _left(deadline)
         if not new or (left is not None and left <= 0):
             break
         cuts += new
@@ -145,24 +158,85 @@ def fit_gathers(model: Model, sol: Solution,
                  r + 1, len(new), extra={"progress": (f"memory cuts {r + 1}", None, None)})
         try:
             sol = resolve(tuple(cuts), left)
-        except InfeasibleError:
-            raise _none_fits(model, tried) from None
+        except InfeasibleError as e:
+            raise least_capacity(model, e, resolve, cuts, tried, deadline) from None
         tried.append(sol.assignment)
     return sol, tuple(cuts)
 
 
-def _none_fits(model: Model, tried: Sequence[Mapping[str, int]]) -> InfeasibleError:
-    """The cuts leave no plan: every plan overfills some device once its gathered weight
-    blocks are counted. Of the plans the rounds found, the one whose fullest device holds
-    least is named, with that device's account; its bytes are a capacity a plan meets."""
-    fullest = min((max(assignment_peaks(model, a), key=lambda p: p.bytes) for a in tried),
-                  key=lambda p: p.bytes)
-    cap = model.topology.devices[fullest.device].mem_bytes
-    err = InfeasibleError(
-        f"no plan fits the devices' memory once the weight blocks an op gathers where the "
-        f"weight is stored otherwise are counted (weights placed freely); of the plans found, "
-        f"the one that needs least: {fullest.describe()}, over its {cap / MB:.1f} MB",
-        fix=f"give each device at least {fullest.bytes / MB:.1f} MB (that plan fits it); or "
-            "use more devices, weights='sharded', or a smaller batch or sequence")
-    err.min_capacity = float(fullest.bytes)
-    return err
+def least_capacity(model: Model, err: InfeasibleError,
+                   resolve: Callable[[Sequence[LinearConstraint], float | None], Solution],
+                   cuts: Sequence[LinearConstraint] = (),
+                   tried: Sequence[Mapping[str, int]] = (),
+                   deadline: float | None = None) -> InfeasibleError:
+    """No plan fits: the least capacity a plan needs with its gathered weight blocks counted.
+
+    `err` comes from the solve under `cuts` (elastic: `formulations` then minimises the
+    excess δ over the rows and the cuts together, and `err.assignment` is a plan of least
+    δ). Every plan's true peak is at least capacity + δ(plan), the cuts being lower bounds
+    of its load, so capacity + δ* bounds the least from below. The plan of least δ is cut
+    off at that level where its gathered blocks take it past it and the model of least
+    memory is solved again, until its plan holds what the model says (the bound is met: the
+    least, exactly) or the rounds or the time run out (the least then lies between the
+    bound and the best plan met, which is the capacity reported: a plan meets it)."""
+    full, cuts = _full(model), list(cuts)
+    met = [max(assignment_peaks(model, a), key=lambda p: p.bytes) for a in tried]
+    bound: float | None = None
+    for r in range(MEMORY_CUT_ROUNDS):
+        a = getattr(err, "assignment", None)
+        if a is None:
+            break
+        met.append(max(assignment_peaks(model, a), key=lambda p: p.bytes))
+        delta = _excess(err, cuts, a)
+        bound = float(model.topology.devices[met[-1].device].mem_bytes) + delta
+        new = gather_cuts(model, a, full, tag=f"least{r}", excess=delta)
+        left = _left(deadline)
+        if not new or (left is not None and left <= 0):
+            break
+        cuts += new
+        try:
+            resolve(tuple(cuts), left)
+            break  # not reached: cuts only take plans away from a model no plan fits
+        except InfeasibleError as e:
+            err = e
+    if not met:
+        return err
+    best = min(met, key=lambda p: p.bytes)
+    cap = model.topology.devices[best.device].mem_bytes
+    if bound is None or best.bytes <= bound * (1 + FIT_REL_TOL):
+        need = f"the least any plan needs is {best.bytes / MB:.1f} MB on its fullest device"
+    else:
+        need = (f"the least any plan needs is between {bound / MB:.1f} and "
+                f"{best.bytes / MB:.1f} MB on its fullest device")
+    out = InfeasibleError(
+        f"no plan fits the devices' memory ({cap / MB:.1f} MB) once the weight blocks an op "
+        "gathers where the weight is stored otherwise are counted (weights placed freely): "
+        f"{need}; the least plan found: {best.describe()}",
+        fix=f"give each device at least {best.bytes / MB:.1f} MB (that plan fits it); or use "
+            "more devices, weights='sharded', or a smaller batch or sequence")
+    out.min_capacity = float(best.bytes)
+    out.lower_bound = bound
+    return out
+
+
+def _excess(err: InfeasibleError, cuts: Sequence[LinearConstraint], a: Mapping[str, int]
+            ) -> float:
+    """δ of plan a: how far it exceeds the rows (`err.extra`, the solver's) and the cuts."""
+    over = [sum(x for k, c, x in cut.terms if a.get(k) == c) - cut.rhs for cut in cuts]
+    rows = getattr(err, "extra", None)
+    return max(over + ([rows] if rows is not None else []), default=0.0)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.perf_counter()
+
+
+def _full(model: Model) -> Callable[[], Mapping[str, Footprint]]:
+    """`all_footprints(model)`, computed on the first call and kept."""
+    memo: list[Mapping[str, Footprint]] = []
+
+    def full() -> Mapping[str, Footprint]:
+        if not memo:
+            memo.append(all_footprints(model))
+        return memo[0]
+    return full

@@ -255,6 +255,7 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str, model: Mode
         if e.min_capacity is None:
             err = InfeasibleError(f"no plan fits: {e}",
                                   fix="use more devices, weights='sharded', or a smaller batch")
+            err.min_capacity = None
         else:  # the least any plan needs on its fullest device (the solver's excess MIP)
             need, gathered = e.min_capacity, _with_gathers(model, e)
             err = InfeasibleError(
@@ -269,8 +270,9 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str, model: Mode
                     "devices, weights='sharded', or a smaller batch or sequence")
             # one a plan meets: weights placed freely, the rows miss some gathered blocks
             err.min_capacity = max(need, gathered)
-            raise err from None
-        err.min_capacity = None
+        # the plan of least memory by the rows (and the caller's elastic rows) and its excess
+        # over them: `gather_cuts.least_capacity` goes on from it
+        err.assignment, err.extra = e.assignment, e.extra
         raise err from None
     except fm.FormulationError as e:
         raise SolverError(f"the {solver} solve failed: {e}",

@@ -54,7 +54,7 @@ from ..optimizer.api import (check_time_limit, named_plan, optimize, optimize_po
                              resolve_options)
 from ..optimizer.model import build_model
 from ..errors import InfeasibleError, PlanError
-from ..optimizer.memory import fits
+from ..optimizer.gather_cuts import fits_with_gathers
 from ..optimizer.named import NAMED, ONE_DEVICE, STRATEGY_WEIGHTS, named_assignment
 from ..planning import node_parallel
 from ..planning.plan import Considered, Judged, Options, Plan
@@ -159,7 +159,7 @@ def choose_plan(graph: Graph, topology, *, options: Options | None = None,
                 continue
         else:
             shared = shared or build_model(graph, topology, named_options)
-            if not fits(shared.memory, shared.capacities, named_assignment(shared, label)[0]):
+            if not fits_with_gathers(shared, named_assignment(shared, label)[0]):
                 left_out.append((label, "over a device's memory"))  # not a legal plan here
                 continue
             plan = named_plan(graph, topology, label, options=named_options, model=shared)
