@@ -19,10 +19,9 @@ from ..planning.placement import Candidate, one_device_choice
 from ..planning.plan import Named, Options, Origin, Plan, Solved
 from ..topology import load_topology
 from .cache import cache_dir, cache_key, load_cached, store
-from .memory import FIT_REL_TOL
 from .model import Model, build_model, fixed_nodes, search_topology
 from .gather_cuts import MEMORY_CUT_ROUNDS, fit_gathers, fits_with_gathers, least_capacity
-from .peak import assignment_peaks
+from .peak import assignment_peaks, overfilled
 from .named import ONE_DEVICE, STRATEGIES, STRATEGY_WEIGHTS, check_strategy, named_assignment
 from .objective import objective_s
 from .pool import differ_cut, meets
@@ -258,17 +257,15 @@ def _check_free_gathers(model: Model, assignment: Mapping[str, int]) -> None:
     """The plan is refused, not returned over a device's memory, when the weight blocks it
     gathers where a weight is stored otherwise still overfill one after the cut rounds
     (`gather_cuts.py`: out of rounds or of time)."""
-    if model.options.weights == "sharded":
-        return
-    for peak in assignment_peaks(model, assignment):
+    peak = overfilled(model, assignment)
+    if peak is not None:
         cap = model.topology.devices[peak.device].mem_bytes
-        if peak.bytes > cap * (1 + FIT_REL_TOL):
-            raise InfeasibleError(
-                f"the plan found does not fit: {peak.describe()}, over its {cap / MB:.1f} MB; "
-                f"the search stopped (its time limit, or {MEMORY_CUT_ROUNDS} rounds of memory "
-                "cuts) before it found one whose gathered weight blocks fit",
-                fix="raise time_limit_s, plan with weights='sharded' (every gathered block "
-                    "is in the memory rows), or give the devices more memory")
+        raise InfeasibleError(
+            f"the plan found does not fit: {peak.describe()}, over its {cap / MB:.1f} MB; "
+            f"the search stopped (its time limit, or {MEMORY_CUT_ROUNDS} rounds of memory "
+            "cuts) before it found one whose gathered weight blocks fit",
+            fix="raise time_limit_s, plan with weights='sharded' (every gathered block is in "
+                "the memory rows), or give the devices more memory")
 
 
 def optimize_pool(graph: Graph, topology, size: int, time_limit_s: float | None = None, *,

@@ -42,12 +42,11 @@ from formulations.problem import LinearConstraint, Solution
 
 from ..errors import InfeasibleError
 from ..frontend.ir import DTYPE_BYTES
-from ..planning.candidates import OpCandidates
 from ..planning.cost import consumer_needs
 from ..planning.placement import output_layout
-from .memory import FIT_REL_TOL, Footprint, fits, footprints, load, steps_of
+from .memory import FIT_REL_TOL, Footprint, fits, footprints
 from .model import Model
-from .peak import assignment_peaks, missing_bytes, stored_otherwise
+from .peak import assignment_loads, assignment_peaks, missing_bytes, overfilled
 
 # Solves under cuts before a plan whose gathers still overfill a device is refused: each
 # round cuts off the plan before it, so rounds are few where a plan that fits is near.
@@ -58,13 +57,9 @@ log = logging.getLogger(__name__)
 
 def all_footprints(model: Model) -> dict[str, Footprint]:
     """Every candidate's footprint of every node (the rows' coefficients at any step)."""
-    return _footprints(model, model.nodes)
-
-
-def _footprints(model: Model, nodes: Mapping[str, OpCandidates]) -> dict[str, Footprint]:
-    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
-    return footprints(model.graph, model.topology, nodes, layouts, model.options.weights,
-                      layers=model.options.layers)
+    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in model.nodes.items()}
+    return footprints(model.graph, model.topology, model.nodes, layouts,
+                      model.options.weights, layers=model.options.layers)
 
 
 def gather_cuts(model: Model, assignment: Mapping[str, int],
@@ -77,22 +72,13 @@ def gather_cuts(model: Model, assignment: Mapping[str, int],
     overfills. The cuts are elastic: memory rows the model of least memory relaxes by δ."""
     if model.options.weights == "sharded":
         return []
-    chosen = {k: OpCandidates(k, oc.op, (oc.cands[assignment[k]],),
-                              (oc.level_parts[assignment[k]],))
-              for k, oc in model.nodes.items()}
-    mine = _footprints(model, chosen)
-    n, steps = model.topology.world_size, steps_of(model.graph)
-    rows = load(mine, {k: 0 for k in mine}, n, steps)
-    extra = stored_otherwise(model.graph, chosen, mine)
-    for x in extra:
-        for t in range(x.first, x.last + 1):
-            rows[x.device][t] += x.bytes
+    loads = assignment_loads(model, assignment)
     cuts = []
-    for d in range(n):
+    for d in range(model.topology.world_size):
         cap = float(model.topology.devices[d].mem_bytes)
-        t = max(range(steps), key=lambda s: (rows[d][s], -s))
-        pairs = [x for x in extra if x.device == d and x.first <= t <= x.last]
-        if rows[d][t] <= (cap + excess) * (1 + FIT_REL_TOL) or not pairs:
+        t = loads.fullest(d)
+        pairs = [x for x in loads.extra if x.device == d and x.first <= t <= x.last]
+        if loads.rows[d][t] <= (cap + excess) * (1 + FIT_REL_TOL) or not pairs:
             continue
         coef: dict[tuple[str, int], float] = {}
         for k, f in full().items():
@@ -127,17 +113,13 @@ def weight_gathers(model: Model, weight: str, op: str, b: int, d: int) -> list[i
 def fits_with_gathers(model: Model, assignment: Mapping[str, int]) -> bool:
     """Whether a plan fits every device with the weight blocks it gathers where a weight is
     stored otherwise counted (`memory.fits` checks the rows alone, which miss them)."""
-    if not fits(model.memory, model.capacities, assignment):
-        return False
-    if model.options.weights == "sharded":
-        return True
-    return all(p.bytes <= model.topology.devices[p.device].mem_bytes * (1 + FIT_REL_TOL)
-               for p in assignment_peaks(model, assignment))
+    return fits(model.memory, model.capacities, assignment) and \
+        overfilled(model, assignment) is None
 
 
 def fit_gathers(model: Model, sol: Solution,
                 resolve: Callable[[Sequence[LinearConstraint], float | None], Solution],
-                deadline: float | None = None, rounds: int | None = None
+                deadline: float | None = None
                 ) -> tuple[Solution, tuple[LinearConstraint, ...]]:
     """Solve again under gather cuts while the plan found overfills a device (module
     docstring): `resolve(cuts, seconds left)` solves the model under the cuts. Returns the
@@ -148,7 +130,7 @@ def fit_gathers(model: Model, sol: Solution,
     full = _full(model)
     cuts: list[LinearConstraint] = []
     tried = [sol.assignment]
-    for r in range(MEMORY_CUT_ROUNDS if rounds is None else rounds):
+    for r in range(MEMORY_CUT_ROUNDS):
         new = gather_cuts(model, sol.assignment, full, tag=str(r))
         left = _left(deadline)
         if not new or (left is not None and left <= 0):

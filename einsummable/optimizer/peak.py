@@ -21,7 +21,7 @@ from ..planning.candidates import OpCandidates
 from ..planning.cost import consumer_needs
 from ..planning.placement import INPUT_PREFIX, output_layout
 from ..planning.plan import Plan
-from .memory import footprints, load, steps_of
+from .memory import FIT_REL_TOL, Footprint, footprints, load, steps_of
 from .model import Model, fixed_nodes
 
 # How many of the largest tensors alive at a peak its account names.
@@ -105,21 +105,42 @@ def missing_bytes(needs, layout, itemsize: int) -> dict[int, int]:
     return missing
 
 
+@dataclass(frozen=True)
+class Loads:
+    """One plan's bytes per device per step (`rows[d][t]`, its gathered weight blocks
+    counted), the footprints they sum and those blocks (`extra`)."""
+    fp: Mapping[str, Footprint]
+    rows: list[list[int]]
+    extra: tuple[StoredOtherwise, ...]
+
+    def fullest(self, d: int) -> int:
+        """Device d's fullest step (the first of equals)."""
+        return max(range(len(self.rows[d])), key=lambda s: (self.rows[d][s], -s))
+
+
+def fixed_loads(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str,
+                layers: int = 1) -> Loads:
+    """The loads where each node has exactly one candidate (the chosen one), under the
+    weights option `weights`, the graph one of `layers` blocks."""
+    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
+    fp = footprints(graph, topology, nodes, layouts, weights, layers=layers)
+    rows = load(fp, {k: 0 for k in nodes}, topology.world_size, steps_of(graph))
+    extra = () if weights == "sharded" else tuple(stored_otherwise(graph, nodes, fp))
+    for x in extra:
+        for t in range(x.first, x.last + 1):
+            rows[x.device][t] += x.bytes
+    return Loads(fp, rows, extra)
+
+
 def fixed_peaks(graph: Graph, topology, nodes: Mapping[str, OpCandidates], weights: str,
                 layers: int = 1) -> tuple[DevicePeak, ...]:
     """Every device's peak where each node has exactly one candidate (the chosen one), under
     the weights option `weights`, the graph one of `layers` blocks."""
-    layouts = {k: [output_layout(oc.op, c) for c in oc.cands] for k, oc in nodes.items()}
-    fp = footprints(graph, topology, nodes, layouts, weights, layers=layers)
-    n, steps = topology.world_size, steps_of(graph)
-    rows = load(fp, {k: 0 for k in nodes}, n, steps)
-    extra = [] if weights == "sharded" else stored_otherwise(graph, nodes, fp)
-    for x in extra:
-        for t in range(x.first, x.last + 1):
-            rows[x.device][t] += x.bytes
+    loads = fixed_loads(graph, topology, nodes, weights, layers)
+    fp, rows, extra = loads.fp, loads.rows, loads.extra
     out = []
-    for d in range(n):
-        t = max(range(steps), key=lambda s: (rows[d][s], -s))
+    for d in range(topology.world_size):
+        t = loads.fullest(d)
         parts = []
         for k, f in fp.items():
             y = nodes[k].op.output
@@ -143,10 +164,30 @@ def peak_bytes(plan: Plan) -> tuple[DevicePeak, ...]:
                        plan.options.weights, plan.options.layers)
 
 
+def chosen_nodes(model: Model, assignment: Mapping[str, int]) -> dict[str, OpCandidates]:
+    """The model's nodes, each with its chosen candidate (node -> candidate index) alone."""
+    return {k: OpCandidates(k, oc.op, (oc.cands[assignment[k]],),
+                            (oc.level_parts[assignment[k]],))
+            for k, oc in model.nodes.items()}
+
+
 def assignment_peaks(model: Model, assignment: Mapping[str, int]) -> tuple[DevicePeak, ...]:
     """The peaks of one assignment of a model (node -> candidate index)."""
-    nodes = {k: OpCandidates(k, oc.op, (oc.cands[assignment[k]],),
-                             (oc.level_parts[assignment[k]],))
-             for k, oc in model.nodes.items()}
-    return fixed_peaks(model.graph, model.topology, nodes, model.options.weights,
-                       model.options.layers)
+    return fixed_peaks(model.graph, model.topology, chosen_nodes(model, assignment),
+                       model.options.weights, model.options.layers)
+
+
+def assignment_loads(model: Model, assignment: Mapping[str, int]) -> Loads:
+    """The loads of one assignment of a model (node -> candidate index)."""
+    return fixed_loads(model.graph, model.topology, chosen_nodes(model, assignment),
+                       model.options.weights, model.options.layers)
+
+
+def overfilled(model: Model, assignment: Mapping[str, int]) -> DevicePeak | None:
+    """The first device whose peak under `assignment` exceeds its memory, or None. With
+    weights stored once the rows count every block (a solution meets them): None."""
+    if model.options.weights == "sharded":
+        return None
+    return next((p for p in assignment_peaks(model, assignment)
+                 if p.bytes > model.topology.devices[p.device].mem_bytes * (1 + FIT_REL_TOL)),
+                None)

@@ -257,35 +257,22 @@ def _solve_problem(problem, time_limit_s: float | None, solver: str, model: Mode
                                   fix="use more devices, weights='sharded', or a smaller batch")
             err.min_capacity = None
         else:  # the least any plan needs on its fullest device (the solver's excess MIP)
-            need, gathered = e.min_capacity, _with_gathers(model, e)
             err = InfeasibleError(
                 f"no plan fits the devices' memory: the plan that needs least still needs "
-                f"{need / MB:.1f} MB on a device that has {e.capacity / MB:.1f} MB"
+                f"{e.min_capacity / MB:.1f} MB on a device that has {e.capacity / MB:.1f} MB"
                 + (" (at most: the search hit its time limit)" if "at most" in str(e) else "")
-                + ("" if gathered <= need else
-                   f" by the memory rows, {gathered / MB:.1f} MB with the weight blocks it "
-                   "gathers where a weight is stored otherwise")
                 + _fullest(model, e),
-                fix=f"give each device at least {max(need, gathered) / MB:.1f} MB; or use more "
+                fix=f"give each device at least {e.min_capacity / MB:.1f} MB; or use more "
                     "devices, weights='sharded', or a smaller batch or sequence")
-            # one a plan meets: weights placed freely, the rows miss some gathered blocks
-            err.min_capacity = max(need, gathered)
+            err.min_capacity = e.min_capacity
         # the plan of least memory by the rows (and the caller's elastic rows) and its excess
-        # over them: `gather_cuts.least_capacity` goes on from it
+        # over them: with weights free the rows miss gathered blocks, and
+        # `gather_cuts.least_capacity` goes on from it to the least with them counted
         err.assignment, err.extra = e.assignment, e.extra
         raise err from None
     except fm.FormulationError as e:
         raise SolverError(f"the {solver} solve failed: {e}",
                           fix="raise time_limit_s, or try solver='cbc'") from None
-
-
-def _with_gathers(model: Model, e) -> float:
-    """The fullest device's bytes under the plan that needs least by the rows, its gathered
-    weight blocks counted (`peak.py`); 0 where the rows count every block (weights stored
-    once) or the solver gave no plan."""
-    if model.options.weights == "sharded" or e.assignment is None:
-        return 0.0
-    return float(max(p.bytes for p in assignment_peaks(model, e.assignment)))
 
 
 def _fullest(model: Model, e) -> str:
