@@ -122,3 +122,24 @@ def test_a_batch_that_does_not_split_over_the_nodes_leaves_some_idle(h100_4x2):
     gather = [x for x in fsdp.collectives if x.weight]
     assert gather[0].group == cb.cluster(h100_4x2).rail()[:3]
     assert "1 node idle" in cb.simulate_cluster("hsdp", six, h100_4x2).note
+
+
+def test_dp_nodes_is_the_whole_machine_data_parallel_where_sequences_fit_a_node(h100_4x2):
+    """Batch 8 on 4 nodes of 2: every sequence stays inside a node, so the data-parallel
+    baseline simulated over all 8 devices (weights replicated) sends nothing across nodes
+    and costs what one node does on its 2 sequences (within 0.01%: the whole machine's
+    simulation differs in the last digits)."""
+    from experiments.simulated import simulate_baseline
+    nodes = cb.simulate_cluster("dp-nodes", TINY, h100_4x2)
+    whole = simulate_baseline("data-parallel", cb._graph(TINY, TINY.batch), h100_4x2, "free")
+    assert nodes.time_s == pytest.approx(whole.time_s, rel=1e-4)
+    assert not any(x.weight for x in nodes.collectives)  # weights replicated: no gather
+    assert "4 nodes of 2 sequences" in nodes.note and "replicated" in nodes.note
+    six = Workload("llama-tiny-6", "llama-tiny", 6, 64, None, "float16")
+    idle = cb.simulate_cluster("dp-nodes", six, h100_4x2)
+    node = cb.node_topology(h100_4x2)
+    assert idle.time_s == simulate_baseline("data-parallel", cb._graph(six, 2), node,
+                                            "free").time_s
+    assert "1 node idle" in idle.note
+    with pytest.raises(cb.Unavailable, match="weights replicated on every device need"):
+        cb.simulate_cluster("dp-nodes", TINY, h100_4x2, layers=10 ** 6)
