@@ -11,6 +11,7 @@ import yaml
 from einsummable.topology import read_topology
 from experiments import cluster_baselines as cb
 from experiments.collectives import ACHIEVED, collective_time, fabric
+from experiments.simulated import simulate_baseline
 from experiments.workloads import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,8 +129,7 @@ def test_dp_nodes_is_the_whole_machine_data_parallel_where_sequences_fit_a_node(
     """Batch 8 on 4 nodes of 2: every sequence stays inside a node, so the data-parallel
     baseline simulated over all 8 devices (weights replicated) sends nothing across nodes
     and costs what one node does on its 2 sequences (within 0.01%: the whole machine's
-    simulation differs in the last digits)."""
-    from experiments.simulated import simulate_baseline
+    simulation differs by 4e-5 of it)."""
     nodes = cb.simulate_cluster("dp-nodes", TINY, h100_4x2)
     whole = simulate_baseline("data-parallel", cb._graph(TINY, TINY.batch), h100_4x2, "free")
     assert nodes.time_s == pytest.approx(whole.time_s, rel=1e-4)
