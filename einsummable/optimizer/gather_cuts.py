@@ -54,8 +54,8 @@ MEMORY_CUT_ROUNDS = 12
 # Rounds of the least-capacity search (error path): each cuts off one plan of least δ, and
 # the model of least memory can hold many plans at that δ whose gathered blocks differ, one
 # cut off a round. The llama-7b block (1 x 512) on a100x8 reached its least, 115.9 MB,
-# after 43 rounds (15 s); 12 ended at a range up to 140.5 MB. The caller's deadline bounds
-# them too.
+# after 43 rounds (15 s); 12 ended at a range, asking for 138.5-140.5 MB in two runs. The
+# caller's deadline bounds them too.
 LEAST_CUT_ROUNDS = 100
 MB = 1e6  # bytes in messages
 log = logging.getLogger(__name__)
