@@ -221,3 +221,37 @@ def test_gigabyte_flows_late_in_the_run_finish():
         steps += 1
     assert not net.flows and sorted(net.arrived) == list(range(7))
     assert steps <= 7
+
+
+def _late_reader(rows: int):
+    """x (rows x 512 fp32) on rank 0; rank 1 first runs a matmul of its own, then reads x.
+    Lowering emits x's receive after the matmul on rank 1. Returns (when the matmul ends,
+    when rank 1's read of x starts, x's bytes, the wire seconds of x)."""
+    b = Builder()
+    x = b.input("x", (rows, 512))
+    w = b.weight("w", (512, 512))
+    v = b.weight("v", (512, 512))
+    y = b.einsum("ij,jk->ik", w, v)
+    g = b.build([b.einsum("ij,jk->ik", x, y)])
+    topo = synthetic(2)
+    ch = one_device_choice(g, 1)
+    ch[INPUT_PREFIX + "x"] = place(input_op(g.tensor("x")), {}, [0])
+    low = lower(g, ch, topo)
+    res = simulate_programs(low, topo, trace=True)
+    computes = sorted(e for e in res.trace if e[0] == 1 and e[2] == "Compute")
+    link = topo.link(0, 1)
+    nbytes = g.tensor("x").nbytes
+    return computes[0][5], computes[1][4], nbytes, nbytes / link.bw + link.latency_s
+
+
+def test_a_large_message_waits_for_its_receive_a_small_one_does_not():
+    """Over `network.EAGER_BYTES` a send is a rendezvous: x (8 MiB) leaves only once rank 1
+    reached its receive, after the matmul, so the read waits a whole wire time past it; x
+    of 1 MiB fits the receiver's buffer, crosses during the matmul, and the read starts as
+    the matmul ends and its receive's p2p batch is launched."""
+    end, read, nbytes, wire = _late_reader(4096)
+    assert nbytes > N.EAGER_BYTES
+    assert read >= end + wire
+    end, read, nbytes, wire = _late_reader(512)
+    assert nbytes <= N.EAGER_BYTES and wire < end
+    assert read == pytest.approx(end + synthetic(2).devices[1].launch_s)

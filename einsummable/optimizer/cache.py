@@ -38,8 +38,10 @@ OBJECTIVE_REL_TOL = 1e-9
 # folds, pipelined folds a round after arrival, a round's strided sends packed by one kernel;
 # 15: files carry their plan's digest; 16: flat programs, broadcasts and gathers by rail;
 # 17: an exchange that is one node's on every node synthesised per node; 18: memory rows
-# count blocks read in place as free, weights gathered from their fetch step, packed messages).
-CACHE_VERSION = 19
+# count blocks read in place as free, weights gathered from their fetch step, packed messages;
+# 19: weights placed freely, cut for the blocks gathered; 20: messages over 4 MiB wait for
+# their receive).
+CACHE_VERSION = 20
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

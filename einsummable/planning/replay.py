@@ -22,7 +22,8 @@ it (checked against it in `tests/test_replay.py`):
               next when the last byte of the one before has left; a forward still waiting
               for its block holds back later sends to that peer, no others), each hop one
               flow on `network.Network` over its link and ports, usable `latency` after its
-              last byte leaves
+              last byte leaves; a message over `network.EAGER_BYTES` leaves once its
+              receiver has reached the receive (rendezvous)
     kernels   a reduce waits for its inputs, then takes launch + (inputs + 1) bytes / memory
               rate; the first Send/Recv after a kernel (or at the start) opens a p2p batch:
               one launch
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 
 from ..core.geometry import Region, contains, contiguous_slice, intersect, region_shape, relative
 from .kernel_time import copy_s
-from .network import Flow, Network
+from .network import Flow, Network, rendezvous
 from .transfers import Exchange, pack_groups
 
 ORIGIN = ("origin",)  # the producer's own pieces: there from the start
@@ -150,6 +151,20 @@ class _Replay:
         return Flow(send.tag, ((link.resource, link.bw),) + tuple(link.port_resources),
                     link.latency_s, float(send.nbytes), ends=(sender, send.peer))
 
+    def receives(self) -> dict[int, float]:
+        """When each receive is posted where no device waits (`one_shot`'s case): its
+        device's launches and packs before it."""
+        out = {}
+        for a, steps in enumerate(self.steps):
+            dev, at = self.topology.devices[a], 0.0
+            for s in steps:
+                at += dev.launch_s if s.opens else 0.0
+                if s.kind == "pack" or (s.kind == "send" and s.pack):
+                    at += copy_s(dev, 2 * s.nbytes)
+                if s.kind == "recv":
+                    out[s.tag] = at
+        return out
+
     def one_shot(self) -> tuple[float, float] | None:
         """The common case without the event loop: every send reads a producer piece, no
         device reduces and no device sends one peer twice, so nothing a device does waits
@@ -160,6 +175,7 @@ class _Replay:
         devices = topo.devices
         t = [0.0] * len(self.steps)
         posted: dict[float, list[Flow]] = {}
+        received = self.receives()
         for a, steps in enumerate(self.steps):
             dev = devices[a]
             peers: set[int] = set()
@@ -175,7 +191,8 @@ class _Replay:
                 if s.kind == "send":
                     if s.pack:
                         t[a] += copy_s(dev, 2 * s.nbytes)
-                    posted.setdefault(t[a], []).append(self.flow(a, s))
+                    at = max(t[a], received[s.tag]) if rendezvous(s.nbytes) else t[a]
+                    posted.setdefault(at, []).append(self.flow(a, s))
         net = Network()
         for at in sorted(posted):
             net.advance(at)
@@ -224,6 +241,7 @@ class _Replay:
         t = [0.0] * n
         pc = [0] * n
         lines: dict[tuple[int, int], list[list]] = {}  # (sender, peer) -> [[step, posted at]]
+        received: dict[int, float] = {}  # tag -> when its receive was posted
         busy: dict[int, tuple[int, int]] = {}  # tag on a line now -> that line
 
         def arrive(tags: list[int]) -> None:
@@ -238,16 +256,23 @@ class _Replay:
         net.on_done = done
         free = lambda line: line not in busy.values()  # noqa: E731
 
+        def leaves(s: _Step, p: float) -> float:
+            """When a send posted at p can leave: its block there, and for a rendezvous its
+            receive posted (inf: not yet known)."""
+            if s.key not in ready:
+                return math.inf
+            if rendezvous(s.nbytes):
+                return max(p, ready[s.key], received.get(s.tag, math.inf))
+            return max(p, ready[s.key])
+
         def next_send() -> float:
-            heads = [ln[0] for line, ln in lines.items()
-                     if ln and ln[0][0].key in ready and free(line)]
-            return min((max(p, ready[s.key]) for s, p in heads), default=math.inf)
+            heads = [ln[0] for line, ln in lines.items() if ln and free(line)]
+            return min((leaves(s, p) for s, p in heads), default=math.inf)
 
         def issue(now: float) -> None:
             flows = []
             for line, ln in lines.items():
-                if ln and ln[0][0].key in ready and max(ln[0][1], ready[ln[0][0].key]) <= now \
-                        and free(line):
+                if ln and leaves(*ln[0]) <= now and free(line):
                     flows.append(self.flow(line[0], ln.pop(0)[0]))
                     busy[flows[-1].tag] = line
             net.start_all(flows)
@@ -272,6 +297,8 @@ class _Replay:
                 t[r] = start + dt + copy_s(dev, 2 * s.nbytes)
             else:
                 t[r] = start + dt
+                if s.kind == "recv":
+                    received[s.tag] = t[r]
             pc[r] += 1
             return True
 
@@ -292,11 +319,12 @@ class _Replay:
                 if t[r] > net.now:
                     arrive(net.advance(t[r]))
                 # run r on while nothing can happen before its next step: its steps read
-                # only blocks already there, and a send it posts bounds it from then on
+                # only blocks already there, and a send or receive it posts bounds it from
+                # then on
                 bound = min(t_net, t_send)
                 while step(r):
                     s = self.steps[r][pc[r] - 1]
-                    if s.kind == "send":
+                    if s.kind in ("send", "recv"):  # a receive may free a rendezvous send
                         bound = min(bound, t[r])
                     if pc[r] == len(self.steps[r]) or t[r] > bound:
                         break

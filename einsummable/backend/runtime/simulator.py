@@ -84,7 +84,7 @@ from ...planning.kernel_time import (COPY_MEMORY_SHARE, KernelTime, kernel_time,
 from ...planning.stack import stack
 from ...topology import load_topology
 from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
-from ...planning.network import Flow, Network, PrefetchQueue
+from ...planning.network import Flow, Network, PrefetchQueue, rendezvous
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,11 @@ class _Outbox:
                 if tag in e[2]:
                     e[2].discard(tag)
                     e[3] = max(e[3], at)
+
+    def posted(self, tag: int, at: float) -> None:
+        """The receiver of send `tag` posted its receive at `at` (a rendezvous send waits
+        for it, `network.rendezvous`)."""
+        self.arrived(("posted", tag), at)
 
     def done(self, tag: int, at: float) -> None:
         """The last byte of send `tag` left: its line takes the next send from `at`."""
@@ -334,6 +339,9 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             events.append((r, pc[r], type(ins).__name__, t[r], start, start + dt))
         t[r] = start + dt
         if isinstance(ins, Recv):
+            posted[ins.tag] = t[r]
+            for box in outbox:
+                box.posted(ins.tag, t[r])
             recv_tag[r].setdefault(ins.out, []).append(ins.tag)
             if ins.into is not None:  # read through that buffer, or forwarded as the view
                 recv_tag[r].setdefault(ins.into, []).append(ins.tag)
@@ -359,9 +367,15 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
             flow = Flow(ins.tag, res, sum(l.latency_s for l in route), float(size),
                         urgent=not ins.queue, ends=(r, ins.peer))
             tags = recv_tag[r].get(ins.src, ())
-            outbox[r].post(ins.peer, ins.queue, flow, {x for x in tags if x not in net.arrived},
-                           max([t[r], ready[r].get(ins.src, 0.0)]
-                               + [net.arrived[x] for x in tags if x in net.arrived]))
+            waiting: set = {x for x in tags if x not in net.arrived}
+            met = [net.arrived[x] for x in tags if x in net.arrived]
+            if rendezvous(size, bool(ins.queue)):  # it waits for the receive (`network`)
+                if ins.tag in posted:
+                    met.append(posted[ins.tag])
+                else:
+                    waiting.add(("posted", ins.tag))
+            outbox[r].post(ins.peer, ins.queue, flow, waiting,
+                           max([t[r], ready[r].get(ins.src, 0.0)] + met))
             link_bytes[(r, ins.peer)] = link_bytes.get((r, ins.peer), 0) + size
             last_sent[r][ins.peer] = ins.tag
         elif side:
@@ -427,6 +441,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
     last_sent: list[dict[int, int]] = [dict() for _ in range(n)]  # peer -> tag of r's last send
     source: dict[int, int] = {}  # tag -> the rank that sends it
     started: dict[int, float] = {}  # tag -> when its flow left its sender's outbox
+    posted: dict[int, float] = {}  # tag -> when its receiver posted the receive
     while True:
         runnable = [r for r in range(n) if pc[r] < lengths[r] and r not in blocked]
         t_send = min(box.next_ready() for box in outbox)
