@@ -15,7 +15,8 @@ in the receiver's buffer and a TCP sender for the reader's socket to drain. With
 rank that finished its part of one exchange early sent the next exchange's blocks into
 receivers still taking the first, and the two shared their ports: on h100x8x2 random plans'
 cross-node exchanges ran up to 19% over the sum of their prices, each priced alone exactly.
-Smaller messages fit the receiver's buffer and leave at once.
+Smaller messages fit the receiver's buffer and leave at once. `Outbox` keeps one simulated
+rank's send lines, where these rules are applied.
 """
 from __future__ import annotations
 
@@ -255,3 +256,69 @@ class PrefetchQueue:
             self.inflight.update(f.tag for f in batch)
             for f in batch:
                 self.net.start(f)
+
+
+class Outbox:
+    """One rank's communication engine in the simulator, one per rank (the executor's is
+    `backend/runtime/outbox.py`): each send leaves once its source is there, and for a
+    rendezvous its receive posted, while the rank goes on computing, one send per peer and
+    stream at a time in program order (a line per peer, and another for the weight prefetches: the next
+    leaves when the last byte of the one before has left, as NCCL runs a pair's operations
+    on a stream in order and the executor's line sends them); a send whose source is still
+    arriving (a relay's forward) holds up the later sends on its line, and no others."""
+
+    def __init__(self) -> None:
+        # (peer, prefetch?) -> [queue, flow, waiting tags, ready at]: a line per peer and
+        # stream (prefetches go on their own, as FSDP's all-gathers run on their own stream)
+        self.lines: dict[tuple[int, bool], list[list]] = {}
+        self.busy: dict[tuple[int, bool], int] = {}  # line -> tag of the send on it now
+
+    def post(self, peer: int, queue: int, flow: Flow, waiting: set[int],
+             ready_at: float) -> None:
+        self.lines.setdefault((peer, queue > 0), []).append([queue, flow, waiting, ready_at])
+
+    def arrived(self, tag: int, at: float) -> None:
+        for entries in self.lines.values():
+            for e in entries:
+                if tag in e[2]:
+                    e[2].discard(tag)
+                    e[3] = max(e[3], at)
+
+    def posted(self, tag: int, at: float) -> None:
+        """The receiver of send `tag` posted its receive at `at` (a rendezvous send waits
+        for it, `network.rendezvous`)."""
+        self.arrived(("posted", tag), at)
+
+    def done(self, tag: int, at: float) -> None:
+        """The last byte of send `tag` left: its line takes the next send from `at`."""
+        for line, busy in list(self.busy.items()):
+            if busy == tag:
+                del self.busy[line]
+                for e in self.lines.get(line, ())[:1]:
+                    e[3] = max(e[3], at)
+
+    def next_ready(self) -> float:
+        """When the next send can leave (inf: none can yet)."""
+        heads = [es[0] for p, es in self.lines.items()
+                 if es and not es[0][2] and p not in self.busy]
+        return min((e[3] for e in heads), default=math.inf)
+
+    def take(self, now: float) -> list[tuple[int, Flow]]:
+        """The sends that leave by `now`, at most one per free line."""
+        out = []
+        for line, entries in self.lines.items():
+            if entries and line not in self.busy and not entries[0][2] \
+                    and entries[0][3] <= now:
+                queue, flow, _, _ = entries.pop(0)
+                self.busy[line] = flow.tag
+                out.append((queue, flow))
+        return out
+
+    def queued_bytes(self, device: int) -> float:
+        """Bytes of the sends waiting on this rank's lines to or from `device`."""
+        return sum(e[1].remaining for es in self.lines.values() for e in es
+                   if device in e[1].ends)
+
+    @property
+    def pending(self) -> bool:
+        return any(self.lines.values())

@@ -1,5 +1,5 @@
 """Sends that wait for their data without stopping the rank: the executor's side of the
-communication engine the simulator models (`simulator._Outbox`).
+communication engine the simulator models (`network.Outbox`).
 
 A relay forwards a block it is still receiving. The send cannot go out with the receive (the
 buffer would leave before its bytes arrived), and waiting for the receive in program order

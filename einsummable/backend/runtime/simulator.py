@@ -84,7 +84,7 @@ from ...planning.kernel_time import (COPY_MEMORY_SHARE, KernelTime, kernel_time,
 from ...planning.stack import stack
 from ...topology import load_topology
 from ..lowering import IN_PLACE, RANK0, STEADY, Lowered, lower
-from ...planning.network import Flow, Network, PrefetchQueue, rendezvous
+from ...planning.network import Flow, Network, Outbox, PrefetchQueue, rendezvous
 
 
 @dataclass(frozen=True)
@@ -102,71 +102,6 @@ class SimResult:
         links = ", ".join(f"{a}->{b}: {n / 1e6:.2f} MB" for (a, b), n in busiest)
         return (f"predicted {self.time_s * 1e3:.3f} ms; compute per rank "
                 f"{[round(c * 1e3, 3) for c in self.compute_s]} ms; busiest links {links or '-'}")
-
-
-class _Outbox:
-    """One rank's communication engine (`outbox.py` is the executor's): each send leaves once
-    its source is there, while the rank goes on computing, one send per peer and stream at a
-    time in program order (a line per peer, and another for the weight prefetches: the next
-    leaves when the last byte of the one before has left, as NCCL runs a pair's operations
-    on a stream in order and the executor's line sends them); a send whose source is still
-    arriving (a relay's forward) holds up the later sends on its line, and no others."""
-
-    def __init__(self) -> None:
-        # (peer, prefetch?) -> [queue, flow, waiting tags, ready at]: a line per peer and
-        # stream (prefetches go on their own, as FSDP's all-gathers run on their own stream)
-        self.lines: dict[tuple[int, bool], list[list]] = {}
-        self.busy: dict[tuple[int, bool], int] = {}  # line -> tag of the send on it now
-
-    def post(self, peer: int, queue: int, flow: Flow, waiting: set[int],
-             ready_at: float) -> None:
-        self.lines.setdefault((peer, queue > 0), []).append([queue, flow, waiting, ready_at])
-
-    def arrived(self, tag: int, at: float) -> None:
-        for entries in self.lines.values():
-            for e in entries:
-                if tag in e[2]:
-                    e[2].discard(tag)
-                    e[3] = max(e[3], at)
-
-    def posted(self, tag: int, at: float) -> None:
-        """The receiver of send `tag` posted its receive at `at` (a rendezvous send waits
-        for it, `network.rendezvous`)."""
-        self.arrived(("posted", tag), at)
-
-    def done(self, tag: int, at: float) -> None:
-        """The last byte of send `tag` left: its line takes the next send from `at`."""
-        for line, busy in list(self.busy.items()):
-            if busy == tag:
-                del self.busy[line]
-                for e in self.lines.get(line, ())[:1]:
-                    e[3] = max(e[3], at)
-
-    def next_ready(self) -> float:
-        """When the next send can leave (inf: none can yet)."""
-        heads = [es[0] for p, es in self.lines.items()
-                 if es and not es[0][2] and p not in self.busy]
-        return min((e[3] for e in heads), default=math.inf)
-
-    def take(self, now: float) -> list[tuple[int, Flow]]:
-        """The sends that leave by `now`, at most one per free line."""
-        out = []
-        for line, entries in self.lines.items():
-            if entries and line not in self.busy and not entries[0][2] \
-                    and entries[0][3] <= now:
-                queue, flow, _, _ = entries.pop(0)
-                self.busy[line] = flow.tag
-                out.append((queue, flow))
-        return out
-
-    def queued_bytes(self, device: int) -> float:
-        """Bytes of the sends waiting on this rank's lines to or from `device`."""
-        return sum(e[1].remaining for es in self.lines.values() for e in es
-                   if device in e[1].ends)
-
-    @property
-    def pending(self) -> bool:
-        return any(self.lines.values())
 
 
 # Blocks a steady-state block time is measured in: the last of them, after the others
@@ -313,7 +248,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
 
     def step(r: int) -> bool:
         """Run rank r's next instruction if its inputs are ready; False if it must wait. A
-        Send never waits: the rank's communication engine takes it (`_Outbox`)."""
+        Send never waits: the rank's communication engine takes it (`Outbox`)."""
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
         side = isinstance(ins, Assemble) and ins.queue > 0 and prefetch_stream[r]
@@ -432,10 +367,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
                 else:
                     net.start(flow)
 
-    outbox = [_Outbox() for _ in range(n)]
+    outbox = [Outbox() for _ in range(n)]
     prefetch_stream = [d.prefetch_stream for d in topo.devices]
     copies: list[int] = []  # the copy streams' flow tags
-    sender_of: dict[int, _Outbox] = {}  # tag in flight -> its sender's outbox
+    sender_of: dict[int, Outbox] = {}  # tag in flight -> its sender's outbox
     lengths = [len(p.instrs) for p in low.programs]
     exchange_wait = [d.exchange_wait_s for d in topo.devices]
     last_sent: list[dict[int, int]] = [dict() for _ in range(n)]  # peer -> tag of r's last send
