@@ -262,10 +262,11 @@ class Outbox:
     """One rank's communication engine in the simulator, one per rank (the executor's is
     `backend/runtime/outbox.py`): each send leaves once its source is there, and for a
     rendezvous its receive posted, while the rank goes on computing, one send per peer and
-    stream at a time in program order (a line per peer, and another for the weight prefetches: the next
-    leaves when the last byte of the one before has left, as NCCL runs a pair's operations
-    on a stream in order and the executor's line sends them); a send whose source is still
-    arriving (a relay's forward) holds up the later sends on its line, and no others."""
+    stream at a time in program order (a line per peer, and another for the weight
+    prefetches: the next leaves when the last byte of the one before has left, as NCCL runs
+    a pair's operations on a stream in order and the executor's line sends them); a send
+    whose source is still arriving (a relay's forward) holds up the later sends on its line,
+    and no others."""
 
     def __init__(self) -> None:
         # (peer, prefetch?) -> [queue, flow, waiting tags, ready at]: a line per peer and

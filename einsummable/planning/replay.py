@@ -151,20 +151,6 @@ class _Replay:
         return Flow(send.tag, ((link.resource, link.bw),) + tuple(link.port_resources),
                     link.latency_s, float(send.nbytes), ends=(sender, send.peer))
 
-    def receives(self) -> dict[int, float]:
-        """When each receive is posted where no device waits (`one_shot`'s case): its
-        device's launches and packs before it."""
-        out = {}
-        for a, steps in enumerate(self.steps):
-            dev, at = self.topology.devices[a], 0.0
-            for s in steps:
-                at += dev.launch_s if s.opens else 0.0
-                if s.kind == "pack" or (s.kind == "send" and s.pack):
-                    at += copy_s(dev, 2 * s.nbytes)
-                if s.kind == "recv":
-                    out[s.tag] = at
-        return out
-
     def one_shot(self) -> tuple[float, float] | None:
         """The common case without the event loop: every send reads a producer piece, no
         device reduces and no device sends one peer twice, so nothing a device does waits
@@ -174,8 +160,8 @@ class _Replay:
         topo = self.topology
         devices = topo.devices
         t = [0.0] * len(self.steps)
-        posted: dict[float, list[Flow]] = {}
-        received = self.receives()
+        sends: list[tuple[int, _Step, float]] = []  # (sender, send, when it is posted)
+        received: dict[int, float] = {}  # tag -> when its receive is posted
         for a, steps in enumerate(self.steps):
             dev = devices[a]
             peers: set[int] = set()
@@ -183,16 +169,18 @@ class _Replay:
                 if s.kind == "reduce" or any(k != ORIGIN for k in s.waits) or \
                         (s.kind == "send" and (s.key != ORIGIN or s.peer in peers)):
                     return None
-                if s.kind == "send":
-                    peers.add(s.peer)
                 t[a] += dev.launch_s if s.opens else 0.0
-                if s.kind == "pack":
+                if s.kind == "pack" or (s.kind == "send" and s.pack):
                     t[a] += copy_s(dev, 2 * s.nbytes)
                 if s.kind == "send":
-                    if s.pack:
-                        t[a] += copy_s(dev, 2 * s.nbytes)
-                    at = max(t[a], received[s.tag]) if rendezvous(s.nbytes) else t[a]
-                    posted.setdefault(at, []).append(self.flow(a, s))
+                    peers.add(s.peer)
+                    sends.append((a, s, t[a]))
+                elif s.kind == "recv":
+                    received[s.tag] = t[a]
+        posted: dict[float, list[Flow]] = {}
+        for a, s, at in sends:  # a rendezvous leaves once its receive is posted too
+            at = max(at, received[s.tag]) if rendezvous(s.nbytes) else at
+            posted.setdefault(at, []).append(self.flow(a, s))
         net = Network()
         for at in sorted(posted):
             net.advance(at)

@@ -275,8 +275,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         t[r] = start + dt
         if isinstance(ins, Recv):
             posted[ins.tag] = t[r]
-            for box in outbox:
-                box.posted(ins.tag, t[r])
+            outbox[ins.peer].posted(ins.tag, t[r])  # its sender's line, if it waits
             recv_tag[r].setdefault(ins.out, []).append(ins.tag)
             if ins.into is not None:  # read through that buffer, or forwarded as the view
                 recv_tag[r].setdefault(ins.into, []).append(ins.tag)
