@@ -112,6 +112,9 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
         if job is None:
             break
         key, low_json, new_weights, acts, fault_after, want = job
+        # a first beat as the job is taken: a rank that enters a wait holding the GIL within
+        # BEAT_S would otherwise tie, never having beaten, with a rank stopped before the job
+        results.put((rank, "beat", time.monotonic()))
         busy.set()
         try:
             if low_json is not None:
