@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from einsummable import bind, choose_plan, named_plan, optimize as optimize_graph, trace
-from einsummable.backend.lowering import lower
+from einsummable.backend.lowering import IN_PLACE, lower
 from einsummable.backend.runtime.dist import execute, rank_blocks
 from einsummable.backend.runtime.simulator import SimResult, block_time
 from einsummable.backend.runtime.simulator import simulate as simulate_choice
@@ -56,10 +56,13 @@ def simulate(plan: Plan, mode: str = "optimized", resident: bool = True) -> SimR
     """SimResult of a Plan, lowered with the given exchange mode.
 
     resident: leave the block's output where the plan computes it (steady state, as the
-    baselines leave theirs) instead of also delivering it whole to device 0.
+    baselines leave theirs) instead of also delivering it whole to device 0; a training
+    step's carried outputs (`Graph.carried`) are still handed on to their inputs' layouts.
     """
-    graph = dataclasses.replace(plan.graph, outputs=()) if resident else plan.graph
-    return simulate_choice(graph, plan.chosen, plan.topology, mode=mode)
+    if not resident:
+        return simulate_choice(plan.graph, plan.chosen, plan.topology, mode=mode)
+    graph = dataclasses.replace(plan.graph, outputs=tuple(y for _, y in plan.graph.carried))
+    return simulate_choice(graph, plan.chosen, plan.topology, mode=mode, deliver=IN_PLACE)
 
 
 def block_seconds(plan: Plan) -> float:

@@ -3,7 +3,9 @@
 Without a carry, a run returns its outputs whole on rank 0 (`RANK0`, what `run` returns),
 leaves them where the plan computes them (`IN_PLACE`, partial sums folded), or hands each
 output a block input is paired with (`frontend/ir.steady_pairs`) on in that input's layout
-(`STEADY`); the last two are the outputs the optimizer prices.
+(`STEADY`); the last two are the outputs the optimizer prices, and both hand the graph's
+carried outputs (`Graph.carried`: a training step's parameters and state) on in their
+inputs' layouts, as the optimizer prices them.
 
 A `Carry` makes chosen outputs persist on the ranks between calls (a training step's
 parameters and optimizer state). For a pair (x, y), input x arrives as the pieces
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from ..core.geometry import Region
 from ..core.program import Keep, Output
 from ..errors import PlanError
-from ..frontend.ir import Graph, TensorInfo, steady_pairs
+from ..frontend.ir import Graph, TensorInfo, fed_back as fed_back_of
 
 # Where lowering leaves the graph outputs (`lower`'s `deliver`).
 RANK0, IN_PLACE, STEADY = "rank0", "in_place", "steady"
@@ -86,7 +88,7 @@ def deliver_outputs(st, deliver: str, carry: Carry | None,
         carry.check(graph)
         carried = {y: x for x, y in carry.pairs}
     keep: list[set[int]] = [set() for _ in range(st.world)]
-    fed_back = {y: x for x, y in steady_pairs(graph)} if deliver == STEADY else {}
+    fed_back = fed_back_of(graph, deliver == STEADY) if deliver != RANK0 else {}
     for name in graph.outputs:
         info = graph.tensor(name)
         x = carried.get(name)

@@ -10,7 +10,9 @@ into place is received there directly (Alloc + Recv into a region). Each tuple b
 on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
 (the simulator sends them in order on a low-priority stream), and on devices with a prefetch stream
-their stitching copies right behind them (`Assemble.queue`). Graph outputs are delivered whole to rank 0 the same way, or where `carry.py` says (kept
+their stitching copies right behind them (`Assemble.queue`). A training step's gradient is
+exchanged right after the op that computes it, and what reads the arrivals waits for the
+update that reads it (`early.py`). Graph outputs are delivered whole to rank 0 the same way, or where `carry.py` says (kept
 on the ranks for the next call). Finally every
 buffer is freed after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
@@ -48,7 +50,7 @@ from ..core.program import (
     writes,
 )
 from ..errors import PlanError
-from ..frontend.ir import Graph, TensorInfo
+from ..frontend.ir import Graph, TensorInfo, streamed_gradients
 from ..planning.cost import consumer_needs
 from ..planning.exchange import synthesize
 from ..planning.timing import replays
@@ -69,6 +71,7 @@ from ..topology import load_topology
 # (IN_PLACE, STEADY: the deliveries' names, imported from here by the simulator and `show`)
 from .carry import DELIVERIES, IN_PLACE, RANK0, STEADY, Carry, deliver_outputs  # noqa: F401
 from .coalesce import coalesce as pack_messages
+from .early import defer_reads
 
 
 
@@ -347,7 +350,8 @@ def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
 
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
           mode: str = "optimized", prefetch: int = PREFETCH_OPS,
-          coalesce: bool = True, deliver: str = RANK0, carry: Carry | None = None) -> Lowered:
+          coalesce: bool = True, deliver: str = RANK0, carry: Carry | None = None,
+          stream: bool = True) -> Lowered:
     """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
     `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive").
     `coalesce`: blocks for one peer in one p2p batch travel as one message (`coalesce.py`).
@@ -356,7 +360,8 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     a block input is paired with handed on in that input's layout, the rest in place): the
     last two are the outputs the optimizer prices, without and with steady state.
     `carry`: outputs kept on the ranks as the blocks of their paired inputs next call
-    (`carry.py`)."""
+    (`carry.py`). `stream`: gradients exchanged once computed (`early.py`), else at their
+    update, as any other input (for comparison)."""
     if deliver not in DELIVERIES:
         raise PlanError(f"unknown output delivery {deliver!r}",
                         fix=f"use one of: {', '.join(DELIVERIES)}")
@@ -410,9 +415,13 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     # the first (`placement.rereads`), as the optimizer prices them.
     heads = rereads(graph)
     sources: dict[str, tuple] = {}
+    streamed = streamed_gradients(graph) if stream else {}  # sent once computed (`early.py`)
+    deferred: dict[str, list[list]] = {}  # update op -> per rank, what reads its gradients
     seen = 0  # ops of `weighted` lowered so far
     for op in graph.ops:
         cand = choice[op.name]
+        for rank, instrs in enumerate(deferred.pop(op.name, ())):
+            st.instrs[rank].extend(instrs)
         seen += op in weighted
         fetch_weights(seen)
         bufs = []
@@ -434,6 +443,14 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
                 st.hold(op.output, d, t.out_region, (t.agg_slice,) if multi else (), b)
                 k += 1
         st.layouts[op.output] = (pieces, op.agg)
+        if op.output in streamed:
+            reader = graph.op(streamed[op.output])
+            marks = [len(p) for p in st.instrs]
+            _exchange(st, graph.tensor(op.output), [n for i, name in enumerate(reader.inputs)
+                      if name == op.output for n in input_needs(reader, choice[reader.name], i)],
+                      mode, topology)
+            for rank, instrs in enumerate(defer_reads(st.instrs, marks)):
+                deferred.setdefault(reader.name, [[] for _ in range(world)])[rank] += instrs
     keep = deliver_outputs(st, deliver, carry,
                            lambda info, needs: _deliver(st, info, needs, mode, topology))
     programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))

@@ -402,9 +402,10 @@ def _rewrite(graph: Graph, matcher, seen: Graph | None = None) -> Graph:
 def _prune(graph: Graph, ops: tuple[Op, ...]) -> Graph:
     """Drop the tensors (and constants) nothing produces or reads any more."""
     live = {n for op in ops for n in op.inputs} | {op.output for op in ops} | set(graph.outputs)
+    live |= {x for x, _ in graph.carried}
     tensors = tuple(t for t in graph.tensors if t.name in live or t.kind == "input")
     consts = tuple((n, c) for n, c in graph.constants if n in live)
-    return Graph(tensors, ops, graph.outputs, consts)
+    return Graph(tensors, ops, graph.outputs, consts, graph.carried)
 
 
 def _absorb_views(graph: Graph, op: Op) -> tuple[Op, tuple[Op, ...]] | None:

@@ -234,12 +234,16 @@ def validate_op(op: Op, shapes: dict[str, tuple[int, ...]]) -> None:
 
 @dataclass(frozen=True)
 class Graph:
-    """Tensors, ops in topological order, outputs, and generated constants."""
+    """Tensors, ops in topological order, outputs, and generated constants. `carried`:
+    (input x, output y) pairs of a graph run again and again on its own results, y being x's
+    value at the next call (a training step's parameters and optimizer state): every call
+    hands y on in the layout x is read in, so that hand-off is part of the call's work."""
 
     tensors: tuple[TensorInfo, ...]
     ops: tuple[Op, ...]
     outputs: tuple[str, ...]
     constants: tuple[tuple[str, Constant], ...] = ()
+    carried: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -269,6 +273,29 @@ class Graph:
         for name, _ in self.constants:
             if name not in shapes or self.tensor(name).kind != "constant":
                 raise EinsummableError(f"constant {name!r} needs a tensor of kind 'constant'")
+        self._check_carried()
+
+    def _check_carried(self) -> None:
+        """A named error unless each carried pair is an input and an output of one shape and
+        dtype, each named once."""
+        by = {t.name: t for t in self.tensors}
+        xs = [x for x, _ in self.carried]
+        ys = [y for _, y in self.carried]
+        if len(set(xs)) != len(xs) or len(set(ys)) != len(ys):
+            raise EinsummableError("a carried input or output is named twice",
+                                   fix="pair each input with one output")
+        for x, y in self.carried:
+            if x not in by or by[x].kind in ("intermediate", "constant"):
+                raise EinsummableError(f"carried input {x!r} is not an input of the graph",
+                                       fix="pair each output with one of the graph's inputs")
+            if y not in self.outputs:
+                raise EinsummableError(f"carried output {y!r} is not an output of the graph",
+                                       fix="pair each input with one of the graph's outputs")
+            if (by[x].shape, by[x].dtype) != (by[y].shape, by[y].dtype):
+                raise EinsummableError(
+                    f"output {y!r} ({by[y].shape}, {by[y].dtype}) cannot stand for input {x!r} "
+                    f"({by[x].shape}, {by[x].dtype}) next call", fix="pair tensors of one "
+                    "shape and dtype")
 
     @cached_property
     def _by_name(self) -> dict[str, TensorInfo]:
@@ -328,17 +355,20 @@ class Graph:
     def with_dtype(self, dtype: str) -> "Graph":
         check_dtype(dtype)
         tensors = tuple(TensorInfo(t.name, t.shape, dtype, t.kind, t.source) for t in self.tensors)
-        return Graph(tensors, self.ops, self.outputs, self.constants)
+        return Graph(tensors, self.ops, self.outputs, self.constants, self.carried)
 
     # ----------------------------------------------------------------- serialisation
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "tensors": [[t.name, list(t.shape), t.dtype, t.kind, t.source] for t in self.tensors],
             "ops": [_op_to_dict(op) for op in self.ops],
             "outputs": list(self.outputs),
             "constants": [[n, c.kind, list(c.values), c.theta] for n, c in self.constants],
         }
+        if self.carried:  # absent otherwise, so a graph without them keeps its digest
+            out["carried"] = [list(p) for p in self.carried]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -348,7 +378,8 @@ class Graph:
         tensors = tuple(TensorInfo(n, tuple(s), d, k, src) for n, s, d, k, src in data["tensors"])
         consts = tuple((n, Constant(k, tuple(v), th)) for n, k, v, th in data["constants"])
         return Graph(tensors, tuple(_op_from_dict(o) for o in data["ops"]),
-                     tuple(data["outputs"]), consts)
+                     tuple(data["outputs"]), consts,
+                     tuple((x, y) for x, y in data.get("carried", ())))
 
     @staticmethod
     def from_json(text: str) -> "Graph":
@@ -432,11 +463,36 @@ def make_op(name: str, einsum: str, inputs: Sequence[str], output: str,
               tuple(params), frozenset(splittable) if splittable is not None else None, source)
 
 
+def fed_back(graph: Graph, steady: bool) -> dict[str, str]:
+    """Output -> the input it is handed on as: the carried pairs, and with steady state the
+    block's (`steady_pairs`)."""
+    pairs = graph.carried + (steady_pairs(graph) if steady else ())
+    return {y: x for x, y in pairs}
+
+
+def streamed_gradients(graph: Graph) -> dict[str, str]:
+    """Tensor -> the update op that reads it first, for every tensor the step computes (a
+    gradient) whose first reader makes a carried output (an optimizer update) while its
+    producer does not. Nothing else in the call waits for an update, so the exchange of such
+    a tensor can start as soon as it is computed and run behind the rest of the backward."""
+    carried = {y for _, y in graph.carried}
+    out: dict[str, str] = {}
+    for op in graph.ops:
+        for name in dict.fromkeys(op.inputs):
+            first = graph.consumers(name)[0]
+            producer = graph.producer(name)
+            if (first is op and op.output in carried and producer is not None
+                    and producer.output not in carried):
+                out[name] = op.name
+    return out
+
+
 def steady_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
     """(block input, block output) pairs of a stackable block: each activation input with the
     first unpaired output of its shape and dtype, which the next block reads in its place
     (steady state: the output is handed on in the layout the input arrived in)."""
-    outs = list(graph.outputs)
+    carried = {y for _, y in graph.carried}
+    outs = [y for y in graph.outputs if y not in carried]
     pairs = []
     for t in graph.inputs:
         if t.kind != "input":

@@ -59,7 +59,8 @@ class Hyper:
 class TrainGraph:
     """A training step with its update: `graph`'s outputs are the loss, then per parameter
     its new value and (AdamW) new state, named in `updates` as (input, output) pairs: the
-    parameter or state tensor and what replaces it after the step."""
+    parameter or state tensor and what replaces it after the step (also `graph.carried`, so
+    a plan prices handing them on to the next step's layout)."""
     graph: Graph
     loss: str
     updates: tuple[tuple[str, str], ...]
@@ -124,5 +125,5 @@ def with_update(step: StepGraph, hyper: Hyper) -> TrainGraph:
         new = join(f"{param}.updated", [param, m_new, v_new, *scalars], step_expr, info.dtype)
         updates += [(param, new), (m_in, m_new), (v_in, v_new)]
     outputs = (step.loss,) + tuple(out for _, out in updates)
-    graph = Graph(tuple(tensors), tuple(ops), outputs, g.constants)
+    graph = Graph(tuple(tensors), tuple(ops), outputs, g.constants, tuple(updates))
     return TrainGraph(graph, step.loss, tuple(updates), hyper, scalars)

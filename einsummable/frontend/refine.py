@@ -39,7 +39,7 @@ def refine_modes(graph: Graph) -> Graph:
             op = _split_modes(op, split)
         cuts[op.output] = tuple(tuple(op.size[m] for m in g) for g in op.out_dims)
         ops.append(op)
-    return Graph(graph.tensors, tuple(ops), graph.outputs, graph.constants)
+    return Graph(graph.tensors, tuple(ops), graph.outputs, graph.constants, graph.carried)
 
 
 def _split_modes(op: Op, split: dict[str, tuple[int, ...]]) -> Op:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import PlanError
-from ..frontend.ir import Graph, steady_pairs
+from ..frontend.ir import Graph, fed_back as fed_back_of, steady_pairs, streamed_gradients
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.node_parallel import grouped, node_parallel_candidates
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
@@ -75,7 +75,10 @@ class EdgeTerm:
     cols: tuple[int, ...]          # dst candidate -> needs index
     matrix: EdgeMatrix             # priced lazily (`search.solve_lazily`)
     kind: str = "data"             # "data", "reread" (from the head reader's needs,
-                                   # `placement.rereads`) or "steady" (output fed back)
+                                   # `placement.rereads`), "steady" (output fed back),
+                                   # "carried" (`Graph.carried`, handed on each call) or
+                                   # "gradient" (`ir.streamed_gradients`: sent as soon as
+                                   # computed, behind the rest of the backward)
 
     def cost(self, a: int, b: int) -> EdgeCost:
         """The exact cost (priced now if it was not yet)."""
@@ -154,6 +157,7 @@ def build_model(graph: Graph, topology, options: Options = Options(),
     # (src, dst, tensor, rows, layouts, cols, needs, agg, kind)
     specs = []
     heads = rereads(graph)
+    streamed = streamed_gradients(graph)
     for op in graph.ops:
         for name in dict.fromkeys(op.inputs):
             if graph.tensor(name).kind == "constant":
@@ -166,17 +170,20 @@ def build_model(graph: Graph, topology, options: Options = Options(),
                 continue
             src = producer_key(graph, name)
             rows, lay = sh.projected_layouts(nodes[src])
-            specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, "data"))
+            kind = "gradient" if streamed.get(name) == op.name else "data"
+            specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, kind))
     pairs = steady_pairs(graph) if options.steady_state else ()
     if options.steady_state and not pairs:
         raise PlanError("steady_state needs a block output shaped like an activation input",
                         fix="pass steady_state=False for graphs that are not stackable blocks")
-    for x, y in pairs:
+    # A carried output (a trained parameter, its optimizer state) is handed on to its input's
+    # layout at the end of every call, steady state or not: the next call reads it there.
+    for (x, y), kind in [(p, "steady") for p in pairs] + [(p, "carried") for p in graph.carried]:
         src, dst = producer_key(graph, y), INPUT_PREFIX + x
         rows, lay = sh.projected_layouts(nodes[src])
         cols, needs = sh.projected_finished(nodes[dst])
-        specs.append((src, dst, y, rows, lay, cols, needs, nodes[src].op.agg, "steady"))
-    fed_back = {y for _, y in pairs}
+        specs.append((src, dst, y, rows, lay, cols, needs, nodes[src].op.agg, kind))
+    fed_back = set(fed_back_of(graph, options.steady_state))
     finish_specs = []
     for y in dict.fromkeys(graph.outputs):
         if y in fed_back:

@@ -22,6 +22,14 @@ time is modelled as
         whose route latencies and message costs are paid once, not once per weight: there
         each weight edge counts its batched seconds (`EdgeCost.batched_s`)
 
+A training step's gradients stream too (`ir.streamed_gradients`, edges of kind "gradient"):
+nothing in the step waits for an optimizer update, so lowering sends a gradient as soon as
+the backward has computed it, and only the folds and copies that read what arrived wait
+for the update. Its seconds, less the stitching at the reader (`local_s`, which stays in A),
+join W, and the compute its transfers take while they run, κ times them, joins C, as a
+weight's do: W is every byte that streams behind the compute. (In a stack of layers FSDP
+hides its reduce-scatter behind the backward the same way.)
+
 On a machine of several levels (nodes joined by NICs) a weight stream that crosses nodes
 runs beside the activation exchanges inside them: they load different links. Let o_L(e) be
 the seconds exchange e keeps level L's links busy (its busiest level-L resource,
@@ -87,12 +95,25 @@ def level_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, ...]:
     top = max(x.levels, default=0.0)
     if len(x.levels) != n or top <= 0:
         return (0.0,) * n
-    seconds = x.in_batch_s - x.local_s if is_weight_edge(model, e) else x.seconds
+    seconds = stream_s(model, e, x) if is_streamed(model, e) else x.seconds
     return tuple(seconds * o / top for o in x.levels)
 
 
 def is_weight_edge(model: Model, e: EdgeTerm) -> bool:
     return e.src.startswith("input:") and model.graph.tensor(e.tensor).kind == "weight"
+
+
+def is_streamed(model: Model, e: EdgeTerm) -> bool:
+    """Whether edge e streams behind compute (W) rather than waits on the path (A)."""
+    return is_weight_edge(model, e) or e.kind == "gradient"
+
+
+def stream_s(model: Model, e: EdgeTerm, x: EdgeCost) -> float:
+    """The seconds a streamed edge's cell x adds to W: a weight's wire seconds (batched), a
+    gradient's seconds less its reader's stitching (module docstring)."""
+    if is_weight_edge(model, e):
+        return x.in_batch_s - x.local_s
+    return x.seconds - x.local_s
 
 
 def split(model: Model, choice: Mapping[str, int]) -> Split:
@@ -109,16 +130,20 @@ def split(model: Model, choice: Mapping[str, int]) -> Split:
     a = f_s
     for e in model.edges:
         x = e.cost(choice[e.src], choice[e.dst])
-        weight = is_weight_edge(model, e)
-        if weight:
-            wire = x.in_batch_s - x.local_s
+        streamed = is_streamed(model, e)
+        if streamed:
+            wire = stream_s(model, e, x)
             w += wire
-            c += model.copy_charge * x.copy_s + model.contention * wire
+            c += model.contention * wire
+            if is_weight_edge(model, e):
+                c += model.copy_charge * x.copy_s
+            else:
+                a += x.local_s
         else:
             a += x.seconds
         if n > 1:
             for i, t in enumerate(level_terms(model, e, x)):
-                (lv_w if weight else lv_a)[i] += t
+                (lv_w if streamed else lv_a)[i] += t
     if n == 1:
         return Split(a, c, w)
     return Split(a, c, w, tuple(zip(lv_a, lv_w)), f_s)
@@ -140,15 +165,18 @@ def objective_s(model: Model, choice: Mapping[str, int]) -> float:
 def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | None]:
     """A cell's plain cost and parts in `overlap_problem`, for edge cost x: a weight edge
     streams its wire seconds behind compute (W), stitches on the device and takes its share
-    of the compute while it runs (C); an activation edge is plain (A). On several levels
+    of the compute while it runs (C); a gradient streams likewise, its reader's stitching on
+    the path (A); an activation edge is plain (A). On several levels
     (module docstring) every edge has parts (A' + C, then A'_L + W_L per level)."""
     n = n_levels(model)
-    if is_weight_edge(model, e):
-        wire = x.in_batch_s - x.local_s
-        on_compute = model.copy_charge * x.copy_s + model.contention * wire
+    if is_streamed(model, e):
+        wire = stream_s(model, e, x)
+        weight = is_weight_edge(model, e)
+        on_compute = model.contention * wire + (model.copy_charge * x.copy_s if weight else 0.0)
+        stitch = 0.0 if weight else x.local_s  # a gradient's reader stitches on the path (A)
         if n == 1:
-            return 0.0, (on_compute, wire)
-        return 0.0, (on_compute,) + level_terms(model, e, x)
+            return stitch, (on_compute, wire)
+        return 0.0, (on_compute + stitch,) + level_terms(model, e, x)
     if n == 1:
         return x.seconds, None
     return 0.0, (x.seconds,) + level_terms(model, e, x)
@@ -176,7 +204,7 @@ def overlap_problem(model: Model, warm_start: Mapping[str, int] | None,
         pen = unpriced_penalties(e.matrix, unpriced_penalty)
         plain = tuple(tuple(t[0] + p for t, p in zip(row, prow))
                       for row, prow in zip(terms, pen))
-        if is_weight_edge(model, e) or n_parts > 2:  # cells with parts (`_overlap_cell_terms`)
+        if is_streamed(model, e) or n_parts > 2:  # cells with parts (`_overlap_cell_terms`)
             parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms)
                           for k in range(n_parts))
             edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols, parts))

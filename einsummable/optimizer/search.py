@@ -13,7 +13,7 @@ from formulations.problem import LinearConstraint, Solution, gap_of
 from ..errors import InfeasibleError, SolverError
 from .lp_phase import LpPhase, lp_phase
 from .model import Model
-from .objective import is_weight_edge, objective_s, overlap_problem, split, to_problem
+from .objective import is_streamed, is_weight_edge, objective_s, overlap_problem, split, to_problem
 from .peak import assignment_peaks
 from .policy import DEFAULT_POLICY, SearchPolicy
 
@@ -71,6 +71,7 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
             continue
         seen.add(id(e.matrix))
         weight = overlap and is_weight_edge(model, e)
+        gradient = overlap and not weight and is_streamed(model, e)
         R, S = e.matrix.shape
         for r in range(R):
             for s_ in range(S):
@@ -78,6 +79,8 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
                 if weight:
                     lb = max(floor + model.copy_charge * copy,
                              e.matrix.estimate(r, s_).in_batch_s - local)
+                elif gradient:
+                    lb = max(floor + local, seconds - local)
                 else:
                     lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):
