@@ -7,19 +7,24 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from einsummable.backend.early import defer_reads
 from einsummable.backend.lowering import IN_PLACE, lower
+from einsummable.backend.runtime.local import run_local
 from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.core.program import Alloc, Compute, Recv, Reduce, Send, Slice
 from einsummable.errors import EinsummableError
 from einsummable.frontend.ir import streamed_gradients
+from einsummable.frontend.reference import evaluate
 from einsummable.optimizer.api import named_plan
 from einsummable.optimizer.model import build_model
 from einsummable.optimizer.objective import split
 from einsummable.planning.placement import INPUT_PREFIX
 from einsummable.planning.plan import Options
+from einsummable.topology import load_topology
 from experiments.training_plan import training_graph
+from helpers import inputs_for, rel_err
 
 
 @pytest.fixture(scope="module")
@@ -108,17 +113,27 @@ def _sends_one_of(instrs, i: int, tensors: set[str], low) -> bool:
 
 
 def test_what_reads_an_arrival_is_deferred_and_what_sends_a_held_block_is_not() -> None:
+    """Without a side stream (left) and with one (the fold goes now, on that stream, and so
+    does the send of its result; a relay's forward of a received block still waits)."""
     # rank 0: holds buffer 1, sends it, receives 2, folds 1 and 2 into 3, sends 3 on, and
     # forwards a block 4 it receives; rank 1: only views its own block.
     progs = [[Send(1, 1, 0), Recv(2, 1, 1, (4,), "float32"), Reduce(3, "sum", (1, 2)),
               Send(3, 1, 2), Alloc(5, (4,), "float32"), Recv(4, 1, 3, (4,), "float32"),
               Send(4, 1, 4)],
              [Slice(7, 6, ((0, 2),))]]
-    later = defer_reads(progs, [0, 0])
+    later = defer_reads(progs, [0, 0], [False, False])
     assert progs[0] == [Send(1, 1, 0), Recv(2, 1, 1, (4,), "float32"),
                         Alloc(5, (4,), "float32"), Recv(4, 1, 3, (4,), "float32")]
     assert later[0] == [Reduce(3, "sum", (1, 2)), Send(3, 1, 2), Send(4, 1, 4)]
     assert progs[1] == [Slice(7, 6, ((0, 2),))] and later[1] == []
+    progs = [[Send(1, 1, 0), Recv(2, 1, 1, (4,), "float32"), Reduce(3, "sum", (1, 2)),
+              Send(3, 1, 2), Recv(4, 1, 3, (4,), "float32"), Send(4, 1, 4),
+              Slice(8, 3, ((0, 2),))]]
+    later = defer_reads(progs, [0], [True])
+    assert progs[0] == [Send(1, 1, 0), Recv(2, 1, 1, (4,), "float32"),
+                        Reduce(3, "sum", (1, 2), queue=1), Send(3, 1, 2),
+                        Recv(4, 1, 3, (4,), "float32")]
+    assert later[0] == [Send(4, 1, 4), Slice(8, 3, ((0, 2),))]
 
 
 def test_a_streamed_plan_simulates_faster_than_its_gradients_exchanged_at_the_update(
@@ -128,3 +143,31 @@ def test_a_streamed_plan_simulates_faster_than_its_gradients_exchanged_at_the_up
                                      cost_model=plan.options.cost).time_s for s in (True, False))
     assert early == pytest.approx(simulate(plan).time_s, rel=1e-12)
     assert early < late
+
+
+@pytest.mark.parametrize("topology,strategy,side", [
+    ("a100x8", "fsdp", True), ("pcie4-numa", "fsdp", True), ("pcie4-numa", "fsdp", False),
+    ("pcie4-numa", "data-parallel", False), ("dgx1-v100", "fsdp", False)])
+def test_streamed_programs_compute_the_step_as_the_reference(topology, strategy, side) -> None:
+    """Every output of a training step (loss, new parameters, new AdamW state) run on the
+    local executor as lowered with its gradients streamed: the folds on the side stream, or
+    (devices without one) deferred to the update, relays' forwards with them (pcie4-numa
+    relays between its NUMA halves)."""
+    train32 = training_graph("llama-tiny", 2, 16, "float32", "adamw")
+    g = train32.graph
+    topo = load_topology(topology)
+    if not side:
+        topo = dataclasses.replace(topo, devices=tuple(
+            dataclasses.replace(d, prefetch_stream=False) for d in topo.devices))
+    plan = named_plan(g, topo, strategy, options=Options("sharded", False))
+    low = lower(plan)
+    folds = [i for p in low.programs for i in p.instrs if isinstance(i, Reduce) and i.queue]
+    assert bool(folds) == side
+    ins = inputs_for(g, 5)
+    ins.update({k: v.abs() for k, v in ins.items() if k.endswith("exp_avg_sq")})  # a variance
+    ins.update({k: torch.tensor([v]) for k, v in train32.scalar_values(3).items()})
+    want = evaluate(g, ins)
+    got = run_local(low, ins)
+    for name in g.outputs:
+        # float32 partial sums folded in another order than the reference's one sum
+        assert rel_err(got[name].float(), want[name].float()) <= 1e-4, name

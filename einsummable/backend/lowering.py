@@ -449,7 +449,8 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
             _exchange(st, graph.tensor(op.output), [n for i, name in enumerate(reader.inputs)
                       if name == op.output for n in input_needs(reader, choice[reader.name], i)],
                       mode, topology)
-            for rank, instrs in enumerate(defer_reads(st.instrs, marks)):
+            side = [topology.devices[r].prefetch_stream for r in range(world)]
+            for rank, instrs in enumerate(defer_reads(st.instrs, marks, side)):
                 deferred.setdefault(reader.name, [[] for _ in range(world)])[rank] += instrs
     keep = deliver_outputs(st, deliver, carry,
                            lambda info, needs: _deliver(st, info, needs, mode, topology))

@@ -116,10 +116,14 @@ class Unpack:
 
 @dataclass(frozen=True)
 class Reduce:
-    """Fold input buffers with the aggregation `agg` (sum, max, ...); one input is a rename."""
+    """Fold input buffers with the aggregation `agg` (sum, max, ...); one input is a rename.
+    `queue` > 0: a streamed gradient's fold (`backend/early.py`), run on the device's side
+    stream (`Device.prefetch_stream`) once its inputs are there; readers wait for it as for
+    a receive."""
     out: int
     agg: str
     inputs: tuple[int, ...]
+    queue: int = 0
 
 
 @dataclass(frozen=True)
@@ -267,7 +271,8 @@ def format_instr(ins: Instr) -> str:
                           for o, shape, into, at in ins.parts)
         return f"unpack %{ins.src} -> {{{parts}}}"
     if isinstance(ins, Reduce):
-        return f"%{ins.out} = reduce.{ins.agg}({', '.join(f'%{i}' for i in ins.inputs)})"
+        side = " (side stream)" if ins.queue else ""
+        return f"%{ins.out} = reduce.{ins.agg}({', '.join(f'%{i}' for i in ins.inputs)}){side}"
     if isinstance(ins, Free):
         return f"free %{ins.buf}"
     if isinstance(ins, Keep):

@@ -1,7 +1,8 @@
 """Run every rank's program in one process (the fast path for tests).
 
-Ranks take turns: each runs until it reaches a receive whose message has not been sent yet.
-Messages are clones, so no rank ever aliases another rank's memory. Every rank's blocks and
+Ranks take turns: each runs until it reaches an instruction that reads a received buffer
+whose message has not been sent yet (a receive is posted where it stands and lands when a
+reader needs it, as on the ranks of `dist.py`). Messages are clones, so no rank ever aliases another rank's memory. Every rank's blocks and
 kernels live on one torch device (`device=`, default the CPU; a GPU runs them with torch's
 asynchronous kernels, so a caller timing a run synchronises the device around it)."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ...core.program import Recv, Send
+from ...core.program import Recv, Send, reads
 from ...errors import RuntimeFault
 from ...frontend.inputs import conform_inputs
 from ..lowering import Lowered
@@ -53,28 +54,53 @@ def interleave(ranks: list[RankState], pcs: list[int],
     """Run the ranks' programs from `pcs` to their ends, each until it waits for a message;
     `after(rank, pc)`, where given, is called after every instruction (a measurement)."""
     mail: dict[int, torch.Tensor] = {}
+    # per rank, buffer -> the receives posted into it, each with where it lands
+    posted: list[dict[int, list[tuple[Recv, torch.Tensor]]]] = [{} for _ in ranks]
+
+    def land(r: int, bufs) -> bool:
+        """Deliver the posted receives into `bufs` on rank r; False if one has not arrived."""
+        if any(ins.tag not in mail for b in bufs for ins, _ in posted[r].get(b, ())):
+            return False
+        for b in bufs:
+            for ins, dest in posted[r].pop(b, ()):
+                for other in (ins.out, ins.into):  # no longer posted under its other name
+                    left = [p for p in posted[r].get(other, ()) if p[0] is not ins]
+                    if left:
+                        posted[r][other] = left
+                    else:
+                        posted[r].pop(other, None)
+                msg = mail.pop(ins.tag)
+                if ins.into is None and ranks[r].bufs.get(ins.out) is dest:
+                    ranks[r].bufs[ins.out] = msg  # the message itself: no copy
+                else:
+                    dest.copy_(msg)
+        return True
+
     while True:
         progressed = False
         for r, st in enumerate(ranks):
             instrs = st.prog.instrs
             while pcs[r] < len(instrs):
                 ins = instrs[pcs[r]]
+                if posted[r] and not land(r, reads(ins)):
+                    break
                 if isinstance(ins, Send):
                     mail[ins.tag] = st.get(ins.src).clone()
                 elif isinstance(ins, Recv):
-                    if ins.tag not in mail:
-                        break
-                    if ins.into is None:
-                        st.bufs[ins.out] = mail.pop(ins.tag)
-                    else:
-                        st.recv_buffer(ins).copy_(mail.pop(ins.tag))
+                    dest = st.recv_buffer(ins)  # where it lands, held from here as on a device
+                    for b in {ins.out, ins.into} - {None}:
+                        posted[r].setdefault(b, []).append((ins, dest))
                 else:
                     st.step(ins)
                 if after is not None:
                     after(r, pcs[r])
                 pcs[r] += 1
                 progressed = True
-        if all(pc == len(st.prog.instrs) for pc, st in zip(pcs, ranks)):
+        for r in range(len(ranks)):  # receives nothing read: land them at the end
+            if pcs[r] == len(ranks[r].prog.instrs) and posted[r] and land(r, list(posted[r])):
+                progressed = True
+        if all(pc == len(st.prog.instrs) and not posted[r]
+               for r, (pc, st) in enumerate(zip(pcs, ranks))):
             return
         if not progressed:
             stuck = [r for r, st in enumerate(ranks) if pcs[r] < len(st.prog.instrs)]

@@ -90,9 +90,10 @@ class RankState:
         return self.bufs[b]
 
     def beside(self, ins):
-        """Where an instruction's waits for its received parts go: a queued Assemble's on
-        the side stream (on a GPU), so that the compute stream does not wait for them."""
-        if self._cuda and isinstance(ins, Assemble) and ins.queue:
+        """Where an instruction's waits for its received parts go: a queued Assemble's or
+        Reduce's on the side stream (on a GPU), so that the compute stream does not wait for
+        them."""
+        if self._cuda and isinstance(ins, Assemble | Reduce) and ins.queue:
             if self._side is None:
                 self._side = torch.cuda.Stream(self.device)
             return torch.cuda.stream(self._side)
@@ -171,10 +172,31 @@ class RankState:
                 self.bufs[out] = dest
 
     def _reduce(self, ins: Reduce) -> None:
+        if self._cuda and ins.queue:
+            self._reduce_beside(ins)
+            return
         acc = self.get(ins.inputs[0])
         for i in ins.inputs[1:]:
             acc = combine(ins.agg, acc, self.get(i))
         self.bufs[ins.out] = acc
+
+    def _reduce_beside(self, ins: Reduce) -> None:
+        """A streamed gradient's fold on the side stream, after what the compute stream has
+        queued so far (the local partial sum); the compute stream waits at the first read."""
+        compute = torch.cuda.current_stream(self.device)
+        with self.beside(ins):
+            self._side.wait_stream(compute)
+            parts = [self.get(i) for i in ins.inputs]
+            acc = parts[0]
+            for p in parts[1:]:
+                acc = combine(ins.agg, acc, p)
+            done = torch.cuda.Event()
+            done.record(self._side)
+        for p in parts:  # not handed out again while the side stream reads them
+            p.record_stream(self._side)
+        acc.record_stream(compute)
+        self.bufs[ins.out] = acc
+        self.pending[ins.out] = done
 
     def _free(self, ins: Free) -> None:
         self.bufs.pop(ins.buf, None)

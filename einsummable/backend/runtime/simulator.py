@@ -17,7 +17,10 @@ topology (for cpu4: measured by `einsummable calibrate`):
                 device's transfer_slowdown and transfer_memory, span by span as the flows
                 running at its start end, `Network.load`)
                 tuple_flops = op.flops · tuple share; tuple_bytes = inputs read + output written
-    reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one)
+    reduce    = launch + (inputs + 1) · bytes / memory rate   (read every input, write one);
+                a streamed gradient's fold (`Reduce.queue`) on a device with a side stream
+                takes no time on the rank: a flow on that stream's line, as a prefetched
+                weight's copies below
     assemble  = launch + 2 · copied bytes / memory rate       (read the parts, write the block;
                 receives that land in place copy nothing). A prefetched weight's copies
                 (`Assemble.queue`) on a device with a prefetch stream take no time on the rank:
@@ -251,7 +254,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         Send never waits: the rank's communication engine takes it (`Outbox`)."""
         ins = low.programs[r].instrs[pc[r]]
         start = t[r]
-        side = isinstance(ins, Assemble) and ins.queue > 0 and prefetch_stream[r]
+        side = isinstance(ins, Assemble | Reduce) and ins.queue > 0 and prefetch_stream[r]
         # An Unpack only names views of a packed receive: its readers wait, it does not; a
         # Send and a copy on the copy stream wait on their own lines.
         waits_on = () if isinstance(ins, Unpack | Send) or side else reads(ins)
@@ -321,21 +324,27 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         pc[r] += 1
         return True
 
-    def post_copy(r: int, ins: Assemble, start: float) -> None:
-        """A prefetched weight's copies on r's copy stream (module docstring, assemble);
-        readers of `ins.out` wait for the flow as for a receive."""
+    def post_copy(r: int, ins: Assemble | Reduce, start: float) -> None:
+        """A prefetched weight's copies, or a streamed gradient's fold, on r's side stream
+        (module docstring, assemble and reduce); readers of `ins.out` wait for the flow as
+        for a receive."""
         dev = topo.devices[r]
-        copied = sum(math.prod(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
+        if isinstance(ins, Reduce):  # read every input, write one: as copying half that
+            srcs = ins.inputs
+            copied = (len(srcs) + 1) * nbytes(r, ins.out) / 2
+        else:
+            srcs = tuple(src for src, _, _ in ins.parts)
+            copied = sum(math.prod(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
         tag = -1 - len(copies)  # apart from the program's tags
         copies.append(tag)
         rate = COPY_MEMORY_SHARE * memory_rate(dev, cost_model.mem_efficiency) / 2
         flow = Flow(tag, ((f"copy{r}", rate),), dev.launch_s, float(copied), ends=(r, r),
                     sms=False)
-        tags = [x for src, _, _ in ins.parts for x in recv_tag[r].get(src, ())]
+        tags = [x for src in srcs for x in recv_tag[r].get(src, ())]
         for x in net.advance(max(net.now, start)):
             wake(x)
         outbox[r].post(r, 0, flow, {x for x in tags if x not in net.arrived},
-                       max([t[r]] + [ready[r].get(src, 0.0) for src, _, _ in ins.parts]
+                       max([t[r]] + [ready[r].get(src, 0.0) for src in srcs]
                            + [net.arrived[x] for x in tags if x in net.arrived]))
         recv_tag[r].setdefault(ins.out, []).append(tag)
 
