@@ -6,6 +6,7 @@ place only what does not wait for an arrival: sends of blocks the rank holds, re
 postings, allocations, and the packs and views of blocks the rank holds. Everything that
 reads a received block (a fold, a stitch, a view of it, a relay's forward) or reads what
 such an instruction wrote is deferred to just before the update that reads the gradient.
+The transfers then run behind the rest of the backward, as FSDP's reduce-scatter does.
 (A relay's forward sent now would wait on the rank's line to that peer for a block whose
 sender may have deferred it, and every later send to that peer behind it: sends to one
 peer leave in program order.)
@@ -15,8 +16,7 @@ that stream (`Reduce.queue`), each once its inputs are there, as NCCL's reduce-s
 kernel folds beside the compute; a send of a fold's result waits on its line, not on the
 rank. Only what the compute stream would read is deferred. Every send and fold that goes
 now waits only on sends that went now, so no rank waits on a deferred instruction before it
-reaches it. The transfers then run behind the rest of the
-backward, as FSDP's reduce-scatter does, and only the folds wait for the update.
+reaches it.
 """
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ on every device that runs it. Weights do not depend on activations, so the excha
 (the simulator sends them in order on a low-priority stream), and on devices with a prefetch stream
 their stitching copies right behind them (`Assemble.queue`). A training step's gradient is
 exchanged right after the op that computes it, and what reads the arrivals waits for the
-update that reads it (`early.py`). Graph outputs are delivered whole to rank 0 the same way, or where `carry.py` says (kept
-on the ranks for the next call). Finally every
-buffer is freed after its last read. All ranks are emitted in one global order (see `core/program.py`).
+update that reads it (`early.py`). Graph outputs are delivered whole to rank 0 the same way,
+or where `carry.py` says (kept on the ranks for the next call). Finally every buffer is freed
+after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
 from __future__ import annotations
 
@@ -417,6 +417,7 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     sources: dict[str, tuple] = {}
     streamed = streamed_gradients(graph) if stream else {}  # sent once computed (`early.py`)
     deferred: dict[str, list[list]] = {}  # update op -> per rank, what reads its gradients
+    side = [d.prefetch_stream for d in topology.devices]  # where folds run beside compute
     seen = 0  # ops of `weighted` lowered so far
     for op in graph.ops:
         cand = choice[op.name]
@@ -449,7 +450,6 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
             _exchange(st, graph.tensor(op.output), [n for i, name in enumerate(reader.inputs)
                       if name == op.output for n in input_needs(reader, choice[reader.name], i)],
                       mode, topology)
-            side = [topology.devices[r].prefetch_stream for r in range(world)]
             for rank, instrs in enumerate(defer_reads(st.instrs, marks, side)):
                 deferred.setdefault(reader.name, [[] for _ in range(world)])[rank] += instrs
     keep = deliver_outputs(st, deliver, carry,

@@ -478,11 +478,12 @@ def streamed_gradients(graph: Graph) -> dict[str, str]:
     carried = {y for _, y in graph.carried}
     out: dict[str, str] = {}
     for op in graph.ops:
+        if op.output not in carried:
+            continue
         for name in dict.fromkeys(op.inputs):
-            first = graph.consumers(name)[0]
             producer = graph.producer(name)
-            if (first is op and op.output in carried and producer is not None
-                    and producer.output not in carried):
+            if (producer is not None and producer.output not in carried
+                    and graph.consumers(name)[0] is op):
                 out[name] = op.name
     return out
 
