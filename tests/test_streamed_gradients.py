@@ -1,6 +1,6 @@
 """A training step's parameters handed on to the next step's layout (`Graph.carried`), priced
 by the optimizer and lowered, and its gradients sent as soon as they are computed
-(`ir.streamed_gradients`, `backend/early.py`), streaming behind the backward in the
+(`handoff.streamed_gradients`, `backend/early.py`), streaming behind the backward in the
 objective (W) as in the program."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from einsummable.backend.runtime.local import run_local
 from einsummable.backend.runtime.simulator import simulate, simulate_programs
 from einsummable.core.program import Alloc, Compute, Recv, Reduce, Send, Slice
 from einsummable.errors import EinsummableError
-from einsummable.frontend.ir import streamed_gradients
+from einsummable.frontend.handoff import streamed_gradients
 from einsummable.frontend.reference import evaluate
 from einsummable.optimizer.api import named_plan
 from einsummable.optimizer.model import build_model

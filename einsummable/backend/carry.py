@@ -2,7 +2,7 @@
 
 Without a carry, a run returns its outputs whole on rank 0 (`RANK0`, what `run` returns),
 leaves them where the plan computes them (`IN_PLACE`, partial sums folded), or hands each
-output a block input is paired with (`frontend/ir.steady_pairs`) on in that input's layout
+output a block input is paired with (`frontend/handoff.steady_pairs`) on in that input's layout
 (`STEADY`); the last two are the outputs the optimizer prices, and both hand the graph's
 carried outputs (`Graph.carried`: a training step's parameters and state) on in their
 inputs' layouts, as the optimizer prices them.
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from ..core.geometry import Region
 from ..core.program import Keep, Output
 from ..errors import PlanError
-from ..frontend.ir import Graph, TensorInfo, fed_back as fed_back_of
+from ..frontend.handoff import fed_back as fed_back_of
+from ..frontend.ir import Graph, TensorInfo
 
 # Where lowering leaves the graph outputs (`lower`'s `deliver`).
 RANK0, IN_PLACE, STEADY = "rank0", "in_place", "steady"

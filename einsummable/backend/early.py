@@ -1,6 +1,6 @@
 """Gradients sent as soon as they are computed: an exchange's instructions split in two.
 
-Nothing in a training step waits for an optimizer update (`ir.streamed_gradients`), so
+Nothing in a training step waits for an optimizer update (`handoff.streamed_gradients`), so
 lowering synthesises a gradient's exchange right after the op that computes it and keeps in
 place only what does not wait for an arrival: sends of blocks the rank holds, receive
 postings, allocations, and the packs and views of blocks the rank holds. Everything that

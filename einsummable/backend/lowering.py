@@ -50,7 +50,8 @@ from ..core.program import (
     writes,
 )
 from ..errors import PlanError
-from ..frontend.ir import Graph, TensorInfo, streamed_gradients
+from ..frontend.handoff import streamed_gradients
+from ..frontend.ir import Graph, TensorInfo
 from ..planning.cost import consumer_needs
 from ..planning.exchange import synthesize
 from ..planning.timing import replays

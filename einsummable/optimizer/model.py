@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import PlanError
-from ..frontend.ir import Graph, fed_back as fed_back_of, steady_pairs, streamed_gradients
+from ..frontend.handoff import fed_back as fed_back_of, steady_pairs, streamed_gradients
+from ..frontend.ir import Graph
 from ..planning.candidates import OpCandidates, Roles, graph_candidates, roles
 from ..planning.node_parallel import grouped, node_parallel_candidates
 from ..planning.cost import ComputeCost, EdgeCost, finished_needs, memory_bound_share
@@ -77,7 +78,7 @@ class EdgeTerm:
     kind: str = "data"             # "data", "reread" (from the head reader's needs,
                                    # `placement.rereads`), "steady" (output fed back),
                                    # "carried" (`Graph.carried`, handed on each call) or
-                                   # "gradient" (`ir.streamed_gradients`: sent as soon as
+                                   # "gradient" (`handoff.streamed_gradients`: sent as soon as
                                    # computed, behind the rest of the backward)
 
     def cost(self, a: int, b: int) -> EdgeCost:

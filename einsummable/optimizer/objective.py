@@ -22,7 +22,7 @@ time is modelled as
         whose route latencies and message costs are paid once, not once per weight: there
         each weight edge counts its batched seconds (`EdgeCost.batched_s`)
 
-A training step's gradients stream too (`ir.streamed_gradients`, edges of kind "gradient"):
+A training step's gradients stream too (`handoff.streamed_gradients`, edges of kind "gradient"):
 nothing in the step waits for an optimizer update, so lowering sends a gradient as soon as
 the backward has computed it, and only the folds and copies that read what arrived wait
 for the update. Its seconds, less the stitching at the reader (`local_s`, which stays in A),

@@ -1,7 +1,7 @@
 """A plan of one block as k blocks in a row: what steady state means, spelled out as a graph.
 
 With steady state the optimizer prices one block of a stack: its input x arrives in the layout
-the plan gives `input:x`, and its output y (x's pair, `ir.steady_pairs`) is handed on in that
+the plan gives `input:x`, and its output y (x's pair, `handoff.steady_pairs`) is handed on in that
 layout for the next block. `stack(graph, choice, k)` builds the program that statement is
 about: blocks 0..k-1, block i's tensors renamed `b<i>.<name>` (block 0 keeps its names), block
 i > 0 reading, in place of x, an identity view `b<i>.<x>` of block i-1's y whose candidate is
@@ -16,7 +16,8 @@ import dataclasses
 from typing import Mapping
 
 from ..errors import PlanError
-from ..frontend.ir import Graph, Op, TensorInfo, steady_pairs
+from ..frontend.handoff import steady_pairs
+from ..frontend.ir import Graph, Op, TensorInfo
 from .placement import INPUT_PREFIX, Candidate, input_op
 
 BLOCK_PREFIX = "b{}."
