@@ -158,7 +158,11 @@ def build_model(graph: Graph, topology, options: Options = Options(),
     # (src, dst, tensor, rows, layouts, cols, needs, agg, kind)
     specs = []
     heads = rereads(graph)
-    streamed = streamed_gradients(graph)
+    # Gradients stream where every device folds beside its compute (a side stream); on the
+    # others their folds wait on the compute stream at the update, and an exchange's price
+    # does not tell its folds from its transfers, so there they stay on the path.
+    side = all(d.prefetch_stream for d in topology.devices)
+    streamed = streamed_gradients(graph) if side else {}
     for op in graph.ops:
         for name in dict.fromkeys(op.inputs):
             if graph.tensor(name).kind == "constant":
