@@ -94,7 +94,7 @@ def test_gradients_stream_in_the_objective_and_leave_before_the_backward_ends(tr
     streamed_s = sum(e.cost(choice[e.src], choice[e.dst]).seconds for e in grads)
     assert streamed_s > 0
     as_activations = dataclasses.replace(model, edges=tuple(
-        dataclasses.replace(e, kind="data") for e in model.edges))
+        dataclasses.replace(e, kind="data") if e.kind == "gradient" else e for e in model.edges))
     s, a = split(model, choice), split(as_activations, choice)
     assert s.weights_s > a.weights_s and s.activations_s < a.activations_s
     # In the program, rank 0 sends its share of a gradient before its last backward kernel.

@@ -75,7 +75,8 @@ class EdgeTerm:
     rows: tuple[int, ...]          # src candidate -> layout index
     cols: tuple[int, ...]          # dst candidate -> needs index
     matrix: EdgeMatrix             # priced lazily (`search.solve_lazily`)
-    kind: str = "data"             # "data", "reread" (from the head reader's needs,
+    kind: str = "data"             # "data", "weight" (out of a weight input: streamed
+                                   # behind compute), "reread" (from the head reader's needs,
                                    # `placement.rereads`), "steady" (output fed back),
                                    # "carried" (`Graph.carried`, handed on each call) or
                                    # "gradient" (`handoff.streamed_gradients`: sent as soon as
@@ -175,7 +176,8 @@ def build_model(graph: Graph, topology, options: Options = Options(),
                 continue
             src = producer_key(graph, name)
             rows, lay = sh.projected_layouts(nodes[src])
-            kind = "gradient" if streamed.get(name) == op.name else "data"
+            kind = ("weight" if graph.tensor(name).kind == "weight"
+                    else "gradient" if streamed.get(name) == op.name else "data")
             specs.append((src, op.name, name, rows, lay, cols, needs, nodes[src].op.agg, kind))
     pairs = steady_pairs(graph) if options.steady_state else ()
     if options.steady_state and not pairs:

@@ -100,23 +100,23 @@ def level_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, ...]:
     top = max(x.levels, default=0.0)
     if len(x.levels) != n or top <= 0:
         return (0.0,) * n
-    seconds = stream_s(model, e, x) if is_streamed(model, e) else x.seconds
+    seconds = stream_s(e, x) if is_streamed(e) else x.seconds
     return tuple(seconds * o / top for o in x.levels)
 
 
-def is_weight_edge(model: Model, e: EdgeTerm) -> bool:
-    return e.src.startswith("input:") and model.graph.tensor(e.tensor).kind == "weight"
+def is_weight_edge(e: EdgeTerm) -> bool:
+    return e.kind == "weight"
 
 
-def is_streamed(model: Model, e: EdgeTerm) -> bool:
+def is_streamed(e: EdgeTerm) -> bool:
     """Whether edge e streams behind compute (W) rather than waits on the path (A)."""
-    return is_weight_edge(model, e) or e.kind == "gradient"
+    return e.kind in ("weight", "gradient")
 
 
-def stream_s(model: Model, e: EdgeTerm, x: EdgeCost) -> float:
+def stream_s(e: EdgeTerm, x: EdgeCost) -> float:
     """The seconds a streamed edge's cell x adds to W: a weight's wire seconds (batched), a
     gradient's seconds less its reader's stitching (module docstring)."""
-    if is_weight_edge(model, e):
+    if is_weight_edge(e):
         return x.in_batch_s - x.local_s
     return x.seconds - x.local_s
 
@@ -135,12 +135,12 @@ def split(model: Model, choice: Mapping[str, int]) -> Split:
     a = f_s
     for e in model.edges:
         x = e.cost(choice[e.src], choice[e.dst])
-        streamed = is_streamed(model, e)
+        streamed = is_streamed(e)
         if streamed:
-            wire = stream_s(model, e, x)
+            wire = stream_s(e, x)
             w += wire
             c += model.contention * wire
-            if is_weight_edge(model, e):
+            if is_weight_edge(e):
                 c += model.copy_charge * x.copy_s
             else:
                 a += x.local_s
@@ -174,9 +174,9 @@ def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, 
     the path (A); an activation edge is plain (A). On several levels
     (module docstring) every edge has parts (A' + C, then A'_L + W_L per level)."""
     n = n_levels(model)
-    if is_streamed(model, e):
-        wire = stream_s(model, e, x)
-        weight = is_weight_edge(model, e)
+    if is_streamed(e):
+        wire = stream_s(e, x)
+        weight = is_weight_edge(e)
         on_compute = model.contention * wire + (model.copy_charge * x.copy_s if weight else 0.0)
         stitch = 0.0 if weight else x.local_s  # a gradient's reader stitches on the path (A)
         if n == 1:
@@ -209,7 +209,7 @@ def overlap_problem(model: Model, warm_start: Mapping[str, int] | None,
         pen = unpriced_penalties(e.matrix, unpriced_penalty)
         plain = tuple(tuple(t[0] + p for t, p in zip(row, prow))
                       for row, prow in zip(terms, pen))
-        if is_streamed(model, e) or n_parts > 2:  # cells with parts (`_overlap_cell_terms`)
+        if is_streamed(e) or n_parts > 2:  # cells with parts (`_overlap_cell_terms`)
             parts = tuple(tuple(tuple(t[1][k] for t in row) for row in terms)
                           for k in range(n_parts))
             edges.append(fm.Edge(e.src, e.dst, plain, e.rows, e.cols, parts))

@@ -70,8 +70,8 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
         if id(e.matrix) in seen:
             continue
         seen.add(id(e.matrix))
-        weight = overlap and is_weight_edge(model, e)
-        gradient = overlap and not weight and is_streamed(model, e)
+        weight = overlap and is_weight_edge(e)
+        gradient = overlap and not weight and is_streamed(e)
         R, S = e.matrix.shape
         for r in range(R):
             for s_ in range(S):

@@ -63,12 +63,12 @@ def interleave(ranks: list[RankState], pcs: list[int],
             return False
         for b in bufs:
             for ins, dest in posted[r].pop(b, ()):
-                for other in (ins.out, ins.into):  # no longer posted under its other name
-                    left = [p for p in posted[r].get(other, ()) if p[0] is not ins]
+                for other in {ins.out, ins.into} - {b, None}:  # posted under its other name
+                    left = [p for p in posted[r][other] if p[0] is not ins]
                     if left:
                         posted[r][other] = left
                     else:
-                        posted[r].pop(other, None)
+                        del posted[r][other]
                 msg = mail.pop(ins.tag)
                 if ins.into is None and ranks[r].bufs.get(ins.out) is dest:
                     ranks[r].bufs[ins.out] = msg  # the message itself: no copy
