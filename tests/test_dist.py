@@ -119,6 +119,11 @@ def test_the_rank_named_is_the_one_silent_longest():
     assert _quietest({0: late + 0.5, 1: now, 2: late, 3: now}, {}, now) == 2
     assert _quietest({0: late + 0.5, 1: now, 2: late, 3: now}, {2: None}, now) == 0
     assert _quietest({0: now, 1: now - 1.0}, {}, now) is None
+    # a rank stopped while idle keeps its stamp from the last job; silence counts from this
+    # job's start, and it is still the one named before a rank that stamped as it took the job
+    job = now - FROZEN_AFTER_S - 0.1
+    assert _quietest({0: job + 0.05, 1: now, 2: job - 50.0}, {}, now, since=job) == 2
+    assert _quietest({0: now, 1: now, 2: job - 50.0}, {}, now - 0.2, since=job) is None
 
 
 def test_a_failing_rank_puts_its_error_first_and_the_traceback_below(monkeypatch):

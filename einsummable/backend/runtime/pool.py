@@ -49,23 +49,29 @@ assert FROZEN_AFTER_S < WAIT_TIMEOUT_S
 OUTPUTS, TIME, TRACE, KEPT = "outputs", "time", "trace", "kept"
 
 
-def _beat(rank: int, results, busy: threading.Event) -> None:
+def _beat(rank: int, stamps, busy: threading.Event) -> None:
     """The worker's heartbeat while it has a job: its clock (monotonic clocks are the
-    machine's, so the parent can compare) on the results queue every BEAT_S. An idle worker
-    is silent, so an idle pool's queue does not fill; the parent only listens during a job,
-    and a worker stopped while idle never takes its next job, so it is named all the same."""
+    machine's, so the parent can compare) written to its slot of shared memory every BEAT_S.
+    Shared memory, not a queue: a queue's put hands the bytes to a feeder thread, which a
+    rank that enters a wait holding the GIL never lets run, so its last beat never arrived
+    and it tied with the rank it waited on. An idle worker does not beat; a worker stopped
+    while idle never takes its next job, so its stamp stays older than everyone's."""
     while True:
         busy.wait()
         time.sleep(BEAT_S)
         if busy.is_set():
-            results.put((rank, "beat", time.monotonic()))
+            stamps[rank] = time.monotonic()
 
 
-def _quietest(alive_at: dict[int, float], done: Any, now: float) -> int | None:
-    """The rank silent longest past FROZEN_AFTER_S among those not done, or None. The longest,
-    not the lowest: a starved parent may look only once several are quiet, and a rank waiting
-    on a stopped one (in a C wait that holds the GIL) goes quiet after it."""
-    silent = [r for r, t in alive_at.items() if r not in done and now - t > FROZEN_AFTER_S]
+def _quietest(alive_at: Mapping[int, float], done: Any, now: float,
+              since: float = -math.inf) -> int | None:
+    """The rank silent longest past FROZEN_AFTER_S among those not done, or None. Silence is
+    counted from its last stamp or `since` (the job's start), whichever is later; the longest
+    is the oldest stamp, not the lowest rank: a starved parent may look only once several are
+    quiet, and a rank waiting on a stopped one (in a C wait that holds the GIL) goes quiet
+    after it, having stamped when it took the job."""
+    silent = [r for r, t in alive_at.items()
+              if r not in done and now - max(t, since) > FROZEN_AFTER_S]
     return min(silent, key=lambda r: (alive_at[r], r)) if silent else None
 
 
@@ -78,7 +84,7 @@ def _failure(e: BaseException) -> str:
     return head + "\n" + traceback.format_exc(limit=3).rstrip()
 
 
-def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
+def _worker(rank: int, world: int, backend: str, port: int, jobs, results, stamps,
             no_collectives: bool) -> None:
     import torch.distributed as dist
     torch.set_num_threads(threads_per_rank(world))
@@ -94,7 +100,7 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
             forbid_collectives()
         results.put((rank, "ready", None))
         busy = threading.Event()
-        threading.Thread(target=_beat, args=(rank, results, busy), daemon=True).start()
+        threading.Thread(target=_beat, args=(rank, stamps, busy), daemon=True).start()
     except Exception as e:  # noqa: BLE001
         results.put((rank, "error", f"rank {rank} could not join the group: {e}"))
         return
@@ -112,9 +118,9 @@ def _worker(rank: int, world: int, backend: str, port: int, jobs, results,
         if job is None:
             break
         key, low_json, new_weights, acts, fault_after, want = job
-        # a first beat as the job is taken: a rank that enters a wait holding the GIL within
-        # BEAT_S would otherwise tie, never having beaten, with a rank stopped before the job
-        results.put((rank, "beat", time.monotonic()))
+        # a first stamp as the job is taken, written here: a rank that enters a wait holding
+        # the GIL within BEAT_S would otherwise tie with a rank stopped before the job
+        stamps[rank] = time.monotonic()
         busy.set()
         try:
             if low_json is not None:
@@ -162,6 +168,7 @@ class Pool:
     _procs: list = field(default_factory=list)
     _jobs: list = field(default_factory=list)
     _results: Any = None
+    _stamps: Any = None  # each rank's last heartbeat, in shared memory (`_beat`)
     _sent: dict = field(default_factory=dict)  # plan key -> {weight: (id, version)}
     _kept: dict = field(default_factory=dict)  # plan key -> the inputs its programs keep
     _held: dict = field(default_factory=dict)  # plan key -> the inputs the ranks keep now
@@ -173,11 +180,13 @@ class Pool:
         ctx = mp.get_context("spawn")
         port = free_port()
         self._results = ctx.Queue()
+        self._stamps = ctx.Array("d", self.world_size, lock=False)
         with worker_env():
             for r in range(self.world_size):
                 q = ctx.Queue()
                 p = ctx.Process(target=_worker, args=(r, self.world_size, self.backend, port, q,
-                                                      self._results, self.no_collectives),
+                                                      self._results, self._stamps,
+                                                      self.no_collectives),
                                 daemon=True)
                 p.start()
                 self._procs.append(p)
@@ -193,26 +202,22 @@ class Pool:
     def _collect(self, want: str, limit_s: float) -> dict[int, Any]:
         out: dict[int, Any] = {}
         deadline = time.monotonic() + limit_s
-        # when each rank last said it was alive (its heartbeat's clock; now, to start with)
-        alive_at = dict.fromkeys(range(self.world_size), time.monotonic())
+        since = time.monotonic()
         while len(out) < self.world_size:
             try:
                 rank, kind, payload = self._results.get(timeout=HEARTBEAT_S)
             except queue.Empty:
                 kind = None
-            if kind == "beat":
-                alive_at[rank] = max(alive_at[rank], payload)
-            r = _quietest(alive_at, out, time.monotonic())
+            alive_at = dict(enumerate(self._stamps))
+            r = _quietest(alive_at, out, time.monotonic(), since)
             if r is not None and want != "ready":
-                quiet_s = time.monotonic() - alive_at[r]
+                quiet_s = time.monotonic() - max(alive_at[r], since)
                 self.close()
                 raise RuntimeFault(f"rank {r} stopped responding: no heartbeat for "
                                    f"{quiet_s:.0f} s though its process is there (stopped, "
                                    "frozen or starved); the other ranks were stopped",
                                    fix=f"see what stopped rank {r}'s process (a debugger, a "
                                    "signal, the machine's memory); rerun")
-            if kind == "beat":
-                continue
             if kind is None:
                 dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
                 if dead:
