@@ -225,7 +225,8 @@ def test_gigabyte_flows_late_in_the_run_finish():
 
 def _late_reader(rows: int):
     """x (rows x 512 fp32) on rank 0; rank 1 first runs a matmul of its own, then reads x.
-    Lowering emits x's receive after the matmul on rank 1. Returns (when the matmul ends,
+    Lowered without sending ahead, x's receive comes after the matmul on rank 1 (ahead, it
+    would be posted before it). Returns (when the matmul ends,
     when rank 1's read of x starts, x's bytes, the wire seconds of x)."""
     b = Builder()
     x = b.input("x", (rows, 512))
@@ -236,7 +237,7 @@ def _late_reader(rows: int):
     topo = synthetic(2)
     ch = one_device_choice(g, 1)
     ch[INPUT_PREFIX + "x"] = place(input_op(g.tensor("x")), {}, [0])
-    low = lower(g, ch, topo)
+    low = lower(g, ch, topo, ahead=False)
     res = simulate_programs(low, topo, trace=True)
     computes = sorted(e for e in res.trace if e[0] == 1 and e[2] == "Compute")
     link = topo.link(0, 1)

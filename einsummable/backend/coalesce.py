@@ -115,19 +115,19 @@ def coalesce(programs: tuple[Program, ...], topology: Any) -> tuple[Program, ...
         at = pairs[0][0]
         if key in packs and packs[key][1] < at:  # packed already, earlier in the program
             buf = packs[key][0]
-            edits[g.sender][at] = [Send(buf, g.receiver, tag, first.queue)]
+            edits[g.sender][at] = [Send(buf, g.receiver, tag, first.queue, first.side)]
         else:
             buf = flat
             packs.setdefault(key, (flat, at))
             edits[g.sender][at] = [Pack(flat, srcs, dtype),
-                                   Send(flat, g.receiver, tag, first.queue)]
+                                   Send(flat, g.receiver, tag, first.queue, first.side)]
         last_use[(g.sender, buf)] = max(last_use.get((g.sender, buf), -1), at)
         for si, _ in pairs[1:]:
             edits[g.sender][si] = []
         last = max(ri for _, ri in pairs)
         for _, ri in pairs:
             edits[g.receiver][ri] = []
-        edits[g.receiver][last] = [Recv(flat + 1, g.sender, tag, (total,), dtype),
+        edits[g.receiver][last] = [Recv(flat + 1, g.sender, tag, (total,), dtype, side=first.side),
                                    Unpack(flat + 1, tuple(parts), dtype), Free(flat + 1)]
     for (sender, buf), at in last_use.items():
         edits[sender][at] = edits[sender][at] + [Free(buf)]

@@ -6,13 +6,14 @@ receives and forwards), its folds become Reduce, and each need is cut (Slice) or
 (Assemble) from the full buffers its device then holds; an activation several ops read is
 sent from its producer to the first of them, and from that reader's needs to the others
 (`placement.rereads`, as the optimizer prices it); a received block that is only copied
-into place is received there directly (Alloc + Recv into a region). Each tuple becomes a Compute
-on every device that runs it. Weights do not depend on activations, so the exchanges of the next
+into place is received there directly (Alloc + Recv into a region, `landing.py`). Each
+tuple becomes a Compute on every device that runs it. Weights do not depend on activations, so the exchanges of the next
 `prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
 (the simulator sends them in order on a low-priority stream), and on devices with a prefetch stream
 their stitching copies right behind them (`Assemble.queue`). A training step's gradient is
-exchanged right after the op that computes it, and what reads the arrivals waits for the
-update that reads it (`early.py`). Graph outputs are delivered whole to rank 0 the same way,
+exchanged right after the op that computes it, and the next op's inputs made already before
+an op's kernels, so their transfers run behind them; what reads the arrivals waits for the
+reader (`early.py`). Graph outputs are delivered whole to rank 0 the same way,
 or where `carry.py` says (kept on the ranks for the next call). Finally every buffer is freed
 after its last read. All ranks are emitted in one global order (see `core/program.py`).
 """
@@ -25,7 +26,6 @@ from typing import Any, Mapping
 from ..core.geometry import (
     Region,
     contains,
-    contiguous_slice,
     intersect,
     region_shape,
     relative,
@@ -72,7 +72,8 @@ from ..topology import load_topology
 # (IN_PLACE, STEADY: the deliveries' names, imported from here by the simulator and `show`)
 from .carry import DELIVERIES, IN_PLACE, RANK0, STEADY, Carry, deliver_outputs  # noqa: F401
 from .coalesce import coalesce as pack_messages
-from .early import defer_reads
+from .early import SIDE_QUEUE, defer_reads
+from .landing import recv_in_place
 
 
 
@@ -269,58 +270,6 @@ def _deliver(st: _State, info: TensorInfo, needs, mode: str, topology,
     return out
 
 
-def _recv_in_place(instrs: list) -> list:
-    """Receives that an Assemble only copies into place land there directly instead.
-
-    A part qualifies when it is a whole received buffer that nothing else reads but sends (a
-    relay forwarding it sends the view, as a ring's members forward from their output buffer)
-    and its region of the assembled buffer is contiguous (a transport writes one contiguous
-    range). Its Recv then targets that region of an Alloc placed before the first such Recv;
-    the Assemble keeps the other parts (filling the Alloc'd buffer) or disappears when none
-    are left."""
-    readers: dict[int, int] = {}
-    for ins in instrs:
-        if isinstance(ins, Send):
-            continue
-        for b in reads(ins):
-            readers[b] = readers.get(b, 0) + 1
-    recv_at = {ins.out: i for i, ins in enumerate(instrs) if isinstance(ins, Recv)}
-    moved: dict[int, tuple[int, Region]] = {}      # recv index -> (assembled buf, region)
-    rewritten: dict[int, Assemble | None] = {}      # assemble index -> what replaces it
-    alloc_at: dict[int, Alloc] = {}                 # index to insert an Alloc before
-    for i, ins in enumerate(instrs):
-        if not isinstance(ins, Assemble):
-            continue
-        direct, rest = [], []
-        for part in ins.parts:
-            src, a, b = part
-            j = recv_at.get(src)
-            ok = (j is not None and readers.get(src) == 1 and instrs[j].dtype == ins.dtype
-                  and a == tuple((0, n) for n in instrs[j].shape) and contiguous_slice(ins.shape, b))
-            (direct if ok else rest).append(part)
-        if not direct:
-            continue
-        for src, _, b in direct:
-            moved[recv_at[src]] = (ins.out, b)
-        alloc_at[min(recv_at[src] for src, _, _ in direct)] = Alloc(ins.out, ins.shape, ins.dtype)
-        rewritten[i] = (Assemble(ins.out, ins.shape, ins.dtype, tuple(rest), alloc=False,
-                                 queue=ins.queue)
-                        if rest else None)
-    out = []
-    for i, ins in enumerate(instrs):
-        if i in alloc_at:
-            out.append(alloc_at[i])
-        if i in moved:
-            buf, at = moved[i]
-            out.append(Recv(ins.out, ins.peer, ins.tag, ins.shape, ins.dtype, into=buf, at=at))
-        elif i in rewritten:
-            if rewritten[i] is not None:
-                out.append(rewritten[i])
-        else:
-            out.append(ins)
-    return out
-
-
 def _insert_frees(instrs: list, keep: set[int]) -> list:
     last: dict[int, int] = {}
     for i, ins in enumerate(instrs):
@@ -352,7 +301,7 @@ def _unpack(plan: Any, choice: Mapping[str, Candidate] | None, topology: Any):
 def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: Any = None, *,
           mode: str = "optimized", prefetch: int = PREFETCH_OPS,
           coalesce: bool = True, deliver: str = RANK0, carry: Carry | None = None,
-          stream: bool = True) -> Lowered:
+          stream: bool = True, ahead: bool = True) -> Lowered:
     """`lower(plan)` with a Plan-like object (.graph, .choice, .topology), or
     `lower(graph, choice, topology)`. `mode` is the exchange mode ("optimized" or "naive").
     `coalesce`: blocks for one peer in one p2p batch travel as one message (`coalesce.py`).
@@ -362,7 +311,8 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     last two are the outputs the optimizer prices, without and with steady state.
     `carry`: outputs kept on the ranks as the blocks of their paired inputs next call
     (`carry.py`). `stream`: gradients exchanged once computed (`early.py`), else at their
-    update, as any other input (for comparison)."""
+    update, as any other input (for comparison). `ahead`: the next op's inputs made already
+    are exchanged before an op's kernels, so their transfers run behind them (`early.py`)."""
     if deliver not in DELIVERIES:
         raise PlanError(f"unknown output delivery {deliver!r}",
                         fix=f"use one of: {', '.join(DELIVERIES)}")
@@ -417,10 +367,23 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
     heads = rereads(graph)
     sources: dict[str, tuple] = {}
     streamed = streamed_gradients(graph) if stream else {}  # sent once computed (`early.py`)
-    deferred: dict[str, list[list]] = {}  # update op -> per rank, what reads its gradients
+    deferred: dict[str, list[list]] = {}  # reader -> per rank, what reads early arrivals
     side = [d.prefetch_stream for d in topology.devices]  # where folds run beside compute
     seen = 0  # ops of `weighted` lowered so far
-    for op in graph.ops:
+
+    def early(name: str, reader, source) -> None:
+        """`name`'s exchange for `reader` emitted now, what reads its arrivals deferred to
+        the reader (`early.py`); stitched on the side stream where there is one."""
+        info = graph.tensor(name)
+        marks = [len(p) for p in st.instrs]
+        needs = [n for i, x in enumerate(reader.inputs) if x == name
+                 for n in input_needs(reader, choice[reader.name], i)]
+        _exchange(st, info, needs, mode, topology, source)
+        _assemble_early(st, info, needs, SIDE_QUEUE, topology)
+        for rank, instrs in enumerate(defer_reads(st.instrs, marks, side)):
+            deferred.setdefault(reader.name, [[] for _ in range(world)])[rank] += instrs
+
+    for k_op, op in enumerate(graph.ops):
         cand = choice[op.name]
         for rank, instrs in enumerate(deferred.pop(op.name, ())):
             st.instrs[rank].extend(instrs)
@@ -434,28 +397,26 @@ def lower(plan: Any, choice: Mapping[str, Candidate] | None = None, topology: An
             if heads.get(name) == op.name:  # later readers start from what the head read
                 sources[name] = (needs_layout(consumer_needs(op, cand, name)), None)
         fetch_weights(seen + prefetch)
+        if ahead and k_op + 1 < len(graph.ops):  # the next op's inputs made already
+            nxt = graph.ops[k_op + 1]
+            for name in dict.fromkeys(nxt.inputs):
+                if name in st.layouts and name not in streamed and (
+                        graph.tensor(name).kind not in ("weight", "constant")):
+                    early(name, nxt, sources.get(name))
         pieces = output_layout(op, cand)
         multi = pieces[0].n_slices > 1
-        k = 0
         for t, devs in zip(tuples(op, cand.dec), cand.devices):
             for d in devs:
                 ins = tuple(bufs[i][(t.in_regions[i], d)] for i in range(len(op.inputs)))
                 b = st.buf()
                 st.emit(d, Compute(b, op.name, t.ranges, ins))
                 st.hold(op.output, d, t.out_region, (t.agg_slice,) if multi else (), b)
-                k += 1
         st.layouts[op.output] = (pieces, op.agg)
         if op.output in streamed:
-            reader = graph.op(streamed[op.output])
-            marks = [len(p) for p in st.instrs]
-            _exchange(st, graph.tensor(op.output), [n for i, name in enumerate(reader.inputs)
-                      if name == op.output for n in input_needs(reader, choice[reader.name], i)],
-                      mode, topology)
-            for rank, instrs in enumerate(defer_reads(st.instrs, marks, side)):
-                deferred.setdefault(reader.name, [[] for _ in range(world)])[rank] += instrs
+            early(op.output, graph.op(streamed[op.output]), None)
     keep = deliver_outputs(st, deliver, carry,
                            lambda info, needs: _deliver(st, info, needs, mode, topology))
-    programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
+    programs = tuple(Program(r, world, tuple(_insert_frees(recv_in_place(st.instrs[r]), keep[r])))
                      for r in range(world))
     if coalesce:
         programs = pack_messages(programs, topology)
@@ -480,7 +441,7 @@ def lower_exchange(info: TensorInfo, pieces, needs, agg: str | None, topology, *
     for (_, d), b in _deliver(st, info, needs, mode, topology).items():
         keep[d].add(b)
         st.emit(d, Output(info.name, b))
-    programs = tuple(Program(r, world, tuple(_insert_frees(_recv_in_place(st.instrs[r]), keep[r])))
+    programs = tuple(Program(r, world, tuple(_insert_frees(recv_in_place(st.instrs[r]), keep[r])))
                      for r in range(world))
     graph = Graph((TensorInfo(info.name, tuple(info.shape), info.dtype, "input"),), (),
                   (info.name,))

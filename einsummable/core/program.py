@@ -73,11 +73,14 @@ class Assemble:
 class Send:
     """Send buffer `src`. `queue` 0 goes at once; queue q > 0 is a prefetch (weights): the
     rank's prefetches go out one queue number after another, like kernels on one NCCL stream,
-    so the first-needed weights are not slowed by later ones sharing the link."""
+    so the first-needed weights are not slowed by later ones sharing the link. `side`: a
+    streamed gradient's message on a device that folds on a side stream (`backend/early.py`):
+    its batch is launched there, apart from the compute stream's messages."""
     src: int
     peer: int
     tag: int
     queue: int = 0
+    side: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Recv:
     dtype: str
     into: int | None = None
     at: Region | None = None
+    side: bool = False  # as `Send.side`
 
 
 @dataclass(frozen=True)
@@ -197,18 +201,21 @@ def p2p_batches(instrs) -> set[int]:
     """Indices of the instructions that open a point-to-point batch: each run of Send/Recv
     goes out as one batch_isend_irecv (one NCCL group: one kernel launch). Host bookkeeping
     between them (`batch_keepers`) does not end the run; a kernel does, and so does
-    forwarding a buffer the run itself receives (a relay must wait for it)."""
+    forwarding a buffer the run itself receives (a relay must wait for it), and a message
+    for the other stream (`Send.side`: a side stream's batch holds only its messages)."""
     opens: set[int] = set()
     open_recvs: set[int] | None = None  # buffers received by the open batch; None: no batch
+    side = False  # the open batch's stream
     for i, (ins, keep) in enumerate(zip(instrs, batch_keepers(instrs))):
         if keep:
             continue
         if not isinstance(ins, Send | Recv):
             open_recvs = None
             continue
-        if open_recvs is None or (isinstance(ins, Send) and ins.src in open_recvs):
+        if (open_recvs is None or ins.side != side
+                or (isinstance(ins, Send) and ins.src in open_recvs)):
             opens.add(i)
-            open_recvs = set()
+            open_recvs, side = set(), ins.side
         if isinstance(ins, Recv):
             open_recvs.add(ins.out)
     return opens

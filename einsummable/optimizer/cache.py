@@ -40,8 +40,10 @@ OBJECTIVE_REL_TOL = 1e-9
 # 17: an exchange that is one node's on every node synthesised per node; 18: memory rows
 # count blocks read in place as free, weights gathered from their fetch step, packed messages;
 # 19: weights placed freely, cut for the blocks gathered; 20: messages over 4 MiB wait for
-# their receive; 21: a training step's carried outputs handed on and its gradients streamed).
-CACHE_VERSION = 21
+# their receive; 21: a training step's carried outputs handed on and its gradients streamed;
+# 22: a streamed gradient's stitching on the side stream, a stream's contention by level,
+# constants free in the simulator, inputs sent ahead of their reader).
+CACHE_VERSION = 22
 
 
 CACHE_ENV = "EINSUMMABLE_CACHE_DIR"

@@ -110,6 +110,9 @@ class Model:
     copy_charge: float = 1.0
     # The (device, step) of each memory row, in the order of `capacities`.
     row_keys: tuple[tuple[int, int], ...] | None = None
+    # On several levels: per level, the contention of a stream whose busiest links are that
+    # level's (its bytes pass through a device at that level's rate); () on one level.
+    level_contention: tuple[float, ...] = ()
 
     def unary(self, key: str, c: int) -> float:
         f = self.finish.get(key)
@@ -220,7 +223,9 @@ def build_model(graph: Graph, topology, options: Options = Options(),
     mu = memory_bound_share(graph, topology, options.cost)
     model = Model(graph, topology, options, nodes, compute, finish, edges,
                   tie_groups(graph, nodes), memory, caps, r, pricer,
-                  contention_share(topology, mu), copy_charge(topology, mu), mem_rows)
+                  contention_share(topology, mu), copy_charge(topology, mu), mem_rows,
+                  tuple(contention_share(topology, mu, level=lv) for lv in range(len(
+                      topology.levels))) if len(topology.levels) > 1 else ())
     if log.isEnabledFor(logging.INFO):
         seen = {id(e.matrix): e.matrix.shape for e in edges}
         log.info("model: %d nodes, %d edges, %d distinct edge cells, built in %.2f s",

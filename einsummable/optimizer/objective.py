@@ -24,16 +24,17 @@ time is modelled as
 
 A training step's gradients stream too (`handoff.streamed_gradients`, edges of kind "gradient"):
 nothing in the step waits for an optimizer update, so lowering sends a gradient as soon as
-the backward has computed it, and only the folds and copies that read what arrived wait
-for the update. Its seconds, less the stitching at the reader (`local_s`, which stays in A),
+the backward has computed it. Its seconds, less the stitching at the reader (`local_s`),
 join W, and the compute its transfers take while they run, κ times them, joins C, as a
 weight's do: W is every byte that streams behind the compute. (In a stack of layers FSDP
-hides its reduce-scatter behind the backward the same way.) The folds run on a side stream
-where the device has one (`backend/early.py`); where one does not (the cpu topologies) they
-run at the update on the compute stream, and an exchange's price does not tell its folds
-from its transfers, so there the gradients' edges stay on the path (`model.build_model`;
-on cpu2 the llama-tiny step at 2048 tokens: objective 21.37 ms streamed, 23.74 on the path,
-simulated 24.29).
+hides its reduce-scatter behind the backward the same way.) The folds, and the stitches of
+the folded blocks into the update's blocks, run on the side stream as they land
+(`backend/early.py`), so the stitching is charged as a weight's is, μ of its copies on C.
+The gradients stream only where every device has a side stream; where one does not (the cpu
+topologies) the folds would wait for the update on the compute stream, and an exchange's
+price does not tell its folds from its transfers, so there the gradients' edges stay on the
+path (`model.build_model`; on cpu2 the llama-tiny step at 2048 tokens: objective 21.37 ms
+streamed, 23.74 on the path, simulated 24.29).
 
 On a machine of several levels (nodes joined by NICs) a weight stream that crosses nodes
 runs beside the activation exchanges inside them: they load different links. Let o_L(e) be
@@ -48,6 +49,11 @@ On one level every share is 1 and T is A + max(C, W) again; the objective keeps 
 (Summing the weights' busy seconds o_L instead, as if the stream pipelined fully, put the
 h100x8x2 FSDP block at 0.77 of its simulated time; the whole seconds put it at 1.20: the
 simulator's stream overlaps a weight's last hops with the next one's first, not more.)
+A stream's contention on C is κ at the rate of the level whose links it keeps busiest
+(`Model.level_contention`): a weight gathered across nodes passes through a device at its
+NICs' rate, and κ at its NVLink ports' rate charged the h100x8x2 Megatron block 0.09 ms of
+compute the simulator's loaded kernels do not lose (objective 1.149 ms, simulated 1.013;
+with κ by level 1.059).
 
 T is not a sum of pairwise terms, but it is one MIP away: formulations.Problem takes
 "overlapping parts", an objective plain + max(part 0, part 1), and models the max as an
@@ -121,6 +127,15 @@ def stream_s(e: EdgeTerm, x: EdgeCost) -> float:
     return x.seconds - x.local_s
 
 
+def stream_contention(model: Model, x: EdgeCost) -> float:
+    """κ for a streamed cell x: on several levels that of the level whose links it keeps
+    busiest (a weight gathered across nodes passes through a device at the NICs' rate, far
+    below its NVLink ports'), else the device's at its ports' rate."""
+    if model.level_contention and x.levels and max(x.levels) > 0:
+        return model.level_contention[max(range(len(x.levels)), key=x.levels.__getitem__)]
+    return model.contention
+
+
 def split(model: Model, choice: Mapping[str, int]) -> Split:
     """A, C and W of a choice (node -> candidate index), summed in a fixed order, and on
     several levels F and the per-level (A'_L, W_L)."""
@@ -139,11 +154,7 @@ def split(model: Model, choice: Mapping[str, int]) -> Split:
         if streamed:
             wire = stream_s(e, x)
             w += wire
-            c += model.contention * wire
-            if is_weight_edge(e):
-                c += model.copy_charge * x.copy_s
-            else:
-                a += x.local_s
+            c += stream_contention(model, x) * wire + model.copy_charge * x.copy_s
         else:
             a += x.seconds
         if n > 1:
@@ -170,18 +181,16 @@ def objective_s(model: Model, choice: Mapping[str, int]) -> float:
 def _overlap_cell_terms(model: Model, e: EdgeTerm, x: EdgeCost) -> tuple[float, tuple | None]:
     """A cell's plain cost and parts in `overlap_problem`, for edge cost x: a weight edge
     streams its wire seconds behind compute (W), stitches on the device and takes its share
-    of the compute while it runs (C); a gradient streams likewise, its reader's stitching on
-    the path (A); an activation edge is plain (A). On several levels
+    of the compute while it runs (C); a gradient streams likewise (its folds and stitches on
+    the side stream); an activation edge is plain (A). On several levels
     (module docstring) every edge has parts (A' + C, then A'_L + W_L per level)."""
     n = n_levels(model)
     if is_streamed(e):
         wire = stream_s(e, x)
-        weight = is_weight_edge(e)
-        on_compute = model.contention * wire + (model.copy_charge * x.copy_s if weight else 0.0)
-        stitch = 0.0 if weight else x.local_s  # a gradient's reader stitches on the path (A)
+        on_compute = stream_contention(model, x) * wire + model.copy_charge * x.copy_s
         if n == 1:
-            return stitch, (on_compute, wire)
-        return 0.0, (on_compute + stitch,) + level_terms(model, e, x)
+            return 0.0, (on_compute, wire)
+        return 0.0, (on_compute,) + level_terms(model, e, x)
     if n == 1:
         return x.seconds, None
     return 0.0, (x.seconds,) + level_terms(model, e, x)

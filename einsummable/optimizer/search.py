@@ -71,7 +71,7 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
             continue
         seen.add(id(e.matrix))
         weight = overlap and is_weight_edge(e)
-        gradient = overlap and not weight and is_streamed(e)
+        gradient = overlap and not weight and is_streamed(e)  # stitched beside, as a weight
         R, S = e.matrix.shape
         for r in range(R):
             for s_ in range(S):
@@ -80,7 +80,7 @@ def hopeful_cells(model: Model, upper: float, lp_bounds: Mapping[tuple, float] |
                     lb = max(floor + model.copy_charge * copy,
                              e.matrix.estimate(r, s_).in_batch_s - local)
                 elif gradient:
-                    lb = max(floor + local, seconds - local)
+                    lb = max(floor + model.copy_charge * copy, seconds - local)
                 else:
                     lb = floor + seconds
                 if lb <= slack and not e.matrix.priced(r, s_):

@@ -173,14 +173,16 @@ def _memory_taken(device, rate: float, mem_efficiency: float = 1.0) -> float:
                a.transfer_memory * rate / (device.mem_bw * a.memory * mem_efficiency))
 
 
-def contention_share(topology, memory_bound: float = 0.0, rate: float | None = None) -> float:
+def contention_share(topology, memory_bound: float = 0.0, rate: float | None = None,
+                     level: int | None = None) -> float:
     """κ of the module docstring: the compute seconds a weight stream costs per second it
     runs behind compute, on the topology's most affected device; `memory_bound` is μ, `rate`
-    the stream's bytes/s through a device (None: its ports' rates, in and out)."""
+    the stream's bytes/s through a device (None: its ports' rates, in and out, those to its
+    peers at `level` of the hierarchy where one is given)."""
     best = 0.0
     for dev in topology.devices:
         a = dev.achieved
-        r = port_rate(topology, dev.id) if rate is None else rate
+        r = port_rate(topology, dev.id, level) if rate is None else rate
         taken = _memory_taken(dev, r)
         best = max(best, (1.0 - memory_bound) * a.transfer_slowdown + memory_bound * taken)
     return best
@@ -197,14 +199,15 @@ def copy_charge(topology, memory_bound: float = 0.0) -> float:
     return 1.0
 
 
-def port_rate(topology, device: int) -> float:
-    """Bytes/s `device` can move out and in at once: over its links, each distinct medium
-    or device port once (a port caps every link through it)."""
+def port_rate(topology, device: int, level: int | None = None) -> float:
+    """Bytes/s `device` can move out and in at once: over its links (to its peers at `level`
+    of the hierarchy, where one is given), each distinct medium or device port once (a port
+    caps every link through it)."""
     total = 0.0
     for ends in ((device, None), (None, device)):
         media: dict[str, float] = {}
         for other in range(topology.world_size):
-            if other == device:
+            if other == device or level is not None and topology.pair_level(device, other) != level:
                 continue
             src, dst = (device, other) if ends[0] is not None else (other, device)
             link = topology.link(src, dst)

@@ -5,10 +5,11 @@ thread per rank: work on a rank is serialised): a send starts a flow and the ran
 receive is posted and the rank waits only when it reads the buffer. Every term comes from the
 topology (for cpu4: measured by `einsummable calibrate`):
 
-    launch    = per kernel: Compute, Reduce, Assemble, Const, the pack of a strided send, and
+    launch    = per kernel: Compute, Reduce, Assemble, the pack of a strided send, and
                 one per p2p batch (a run of Send/Recv issued as one NCCL group; a weight
-                prefetch's batch on a device with a prefetch stream launches there). Place, Alloc,
-                Slice (views), Recv posting, Free and Output launch nothing.
+                prefetch's batch, or a streamed gradient's (`Send.side`), on a device with a
+                prefetch stream launches there). Place, Alloc,
+                Slice (views), Const, Recv posting, Free and Output launch nothing.
     compute   = `kernel_time`: launch + max(tuple_flops / achieved rate, tuple_bytes / achieved
                 memory rate), the optimizer's compute model (`planning/kernel_time.py`);
                 views (reshape, permute) relabel a block: free. Every kernel (compute,
@@ -28,7 +29,8 @@ topology (for cpu4: measured by `einsummable calibrate`):
                 (read and written), on a line of their own in program order, each once its
                 parts are there; the buffer's readers wait for it, and kernels beside it are
                 loaded by it (memory only: a copy engine holds no compute units)
-    const     = launch + bytes / memory rate
+    const     = nothing: every executor makes a constant's block on the plan's first run and
+                keeps it (`rank_state._const`), and a run is timed after the first
     send      = launch + 2 · bytes / memory rate to pack a strided slice before it leaves
     message   = per Send and per Recv, the device's `message_s` (host work of the transport)
     two-way   = a message from a peer that crossed the rank's own last message to that peer
@@ -117,9 +119,9 @@ STEADY_BLOCKS = 2
 # this long before the other arrived (far below any latency).
 CROSSING_MARGIN_S = 1e-9
 
-
-# Instructions that run a kernel on the device (Place, Slice, Recv, Free, Output: bookkeeping).
-KERNELS = (Compute, Reduce, Assemble, Const)
+# Instructions that run a kernel on the device (Place, Slice, Recv, Free, Output: bookkeeping;
+# Const: made once per plan and kept).
+KERNELS = (Compute, Reduce, Assemble)
 
 
 def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
@@ -166,8 +168,10 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         return elem * math.prod(shape)
 
     batch_opens = [p2p_batches(p.instrs) for p in low.programs]
-    # a weight prefetch's batches launch on the prefetch stream of a device that has one
-    prefetched = {i.tag for p in low.programs for i in p.instrs if isinstance(i, Send) and i.queue}
+    # a weight prefetch's batches, and a streamed gradient's, launch on the side stream of a
+    # device that has one
+    prefetched = {i.tag for p in low.programs for i in p.instrs
+                  if isinstance(i, Send) and (i.queue or i.side)}
     for r, p in enumerate(low.programs):
         if topo.devices[r].prefetch_stream:
             batch_opens[r] -= prefetch_batches(p.instrs, prefetched)
@@ -195,8 +199,8 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         if isinstance(ins, Assemble):  # only the parts it copies: receives landed in place
             copied = sum(math.prod(region_shape(b)) for _, _, b in ins.parts) * shapes[r][ins.out][0]
             return copy(2 * copied)
-        if isinstance(ins, Const):
-            return copy(nbytes(r, ins.out))
+        if isinstance(ins, Const):  # made once per plan, kept by the executors (`_const`)
+            return None
         if isinstance(ins, Pack):
             return copy(2 * nbytes(r, ins.out))
         if isinstance(ins, Unpack):  # views are free; parts landing in a buffer are copied
