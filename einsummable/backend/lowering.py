@@ -7,15 +7,16 @@ receives and forwards), its folds become Reduce, and each need is cut (Slice) or
 sent from its producer to the first of them, and from that reader's needs to the others
 (`placement.rereads`, as the optimizer prices it); a received block that is only copied
 into place is received there directly (Alloc + Recv into a region, `landing.py`). Each
-tuple becomes a Compute on every device that runs it. Weights do not depend on activations, so the exchanges of the next
-`prefetch` weight-reading ops are emitted before an op's kernels, as numbered prefetch queues
-(the simulator sends them in order on a low-priority stream), and on devices with a prefetch stream
-their stitching copies right behind them (`Assemble.queue`). A training step's gradient is
-exchanged right after the op that computes it, and the next op's inputs made already before
-an op's kernels, so their transfers run behind them; what reads the arrivals waits for the
-reader (`early.py`). Graph outputs are delivered whole to rank 0 the same way,
-or where `carry.py` says (kept on the ranks for the next call). Finally every buffer is freed
-after its last read. All ranks are emitted in one global order (see `core/program.py`).
+tuple becomes a Compute on every device that runs it. Weights do not depend on activations,
+so the exchanges of the next `prefetch` weight-reading ops are emitted before an op's
+kernels, as numbered prefetch queues (the simulator sends them in order on a low-priority
+stream), and on devices with a prefetch stream their stitching copies right behind them
+(`Assemble.queue`). A training step's gradient is exchanged right after the op that computes
+it, and the next op's inputs made already before an op's kernels, so their transfers run
+behind them; what reads the arrivals waits for the reader (`early.py`). Graph outputs are
+delivered whole to rank 0 the same way, or where `carry.py` says (kept on the ranks for the
+next call). Finally every buffer is freed after its last read. All ranks are emitted in one
+global order (see `core/program.py`).
 """
 from __future__ import annotations
 

@@ -74,8 +74,9 @@ class Send:
     """Send buffer `src`. `queue` 0 goes at once; queue q > 0 is a prefetch (weights): the
     rank's prefetches go out one queue number after another, like kernels on one NCCL stream,
     so the first-needed weights are not slowed by later ones sharing the link. `side`: a
-    streamed gradient's message on a device that folds on a side stream (`backend/early.py`):
-    its batch is launched there, apart from the compute stream's messages."""
+    message an early exchange sends before its reader's turn (a streamed gradient's, or the
+    next op's input sent ahead, `backend/early.py`) on a device with a side stream: its batch
+    is launched there, apart from the compute stream's messages."""
     src: int
     peer: int
     tag: int

@@ -340,6 +340,12 @@ class Pool:
             if p.is_alive():
                 p.kill()
                 p.join(5.0)
+        # A job a rank never took (stopped, killed) stays in its queue's pipe, and the feeder
+        # thread writing it would block the interpreter's exit, which joins it: drop it.
+        for q in (*self._jobs, self._results):
+            if q is not None:
+                q.cancel_join_thread()
+                q.close()
         self._procs, self._jobs = [], []
 
 

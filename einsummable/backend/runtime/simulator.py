@@ -7,9 +7,10 @@ topology (for cpu4: measured by `einsummable calibrate`):
 
     launch    = per kernel: Compute, Reduce, Assemble, the pack of a strided send, and
                 one per p2p batch (a run of Send/Recv issued as one NCCL group; a weight
-                prefetch's batch, or a streamed gradient's (`Send.side`), on a device with a
-                prefetch stream launches there). Place, Alloc,
-                Slice (views), Const, Recv posting, Free and Output launch nothing.
+                prefetch's batch, or an early exchange's (`Send.side`: a streamed gradient,
+                an input sent ahead of its reader), on a device with a prefetch stream
+                launches there). Place, Alloc, Slice (views), Const, Recv posting, Free and
+                Output launch nothing.
     compute   = `kernel_time`: launch + max(tuple_flops / achieved rate, tuple_bytes / achieved
                 memory rate), the optimizer's compute model (`planning/kernel_time.py`);
                 views (reshape, permute) relabel a block: free. Every kernel (compute,
@@ -168,7 +169,7 @@ def simulate_programs(low: Lowered, topology: Any, *, trace: bool = False,
         return elem * math.prod(shape)
 
     batch_opens = [p2p_batches(p.instrs) for p in low.programs]
-    # a weight prefetch's batches, and a streamed gradient's, launch on the side stream of a
+    # a weight prefetch's batches, and an early exchange's, launch on the side stream of a
     # device that has one
     prefetched = {i.tag for p in low.programs for i in p.instrs
                   if isinstance(i, Send) and (i.queue or i.side)}
