@@ -52,4 +52,3 @@ def steady_pairs(graph: Graph) -> tuple[tuple[str, str], ...]:
                 outs.remove(y)
                 break
     return tuple(pairs)
-

@@ -3,8 +3,9 @@
 Ranks take turns: each runs until it reaches an instruction that reads a received buffer
 whose message has not been sent yet (a receive is posted where it stands and lands when a
 reader needs it, as on the ranks of `dist.py`). Messages are clones, so no rank ever aliases
-another rank's memory. Every rank's blocks and kernels live on one torch device (`device=`, default the CPU; a GPU runs them with torch's
-asynchronous kernels, so a caller timing a run synchronises the device around it)."""
+another rank's memory. Every rank's blocks and kernels live on one torch device (`device=`,
+default the CPU; a GPU runs them with torch's asynchronous kernels, so a caller timing a run
+synchronises the device around it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
